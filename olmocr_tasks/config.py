@@ -1,0 +1,93 @@
+"""Settings shared by the CLI and the Airflow tasks.
+
+Every knob has olmOCR 0.4.27's default where olmOCR has one; the others are ours and documented in
+the README. Settings are frozen dataclasses so they can be logged, hashed and put in a manifest.
+Secrets (the API key) are never fields of a settings object that reaches a manifest: see
+``ServerSettings.public_dict``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MODEL = "allenai/olmOCR-2-7B-1025-FP8"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Where the OpenAI-compatible inference server lives and how to talk to it."""
+
+    base_urls: tuple[str, ...] = ("http://127.0.0.1:8000/v1",)
+    model: str = DEFAULT_MODEL
+    api_key: str | None = field(default=None, repr=False)
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 300.0
+    write_timeout_s: float = 60.0
+    verify_tls: bool = True
+    # Transport errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter for at
+    # most this long per request before the request counts as one failed page attempt.
+    request_retry_budget_s: float = 120.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    # When no request has succeeded for this long while requests keep failing, the server is declared
+    # unavailable and the conversion stops (it never degrades an outage into fallback pages).
+    outage_window_s: float = 180.0
+    max_concurrent_requests: int = 64
+    # Read vLLM's /metrics and shrink the in-flight window when its waiting queue grows.
+    adaptive_concurrency: bool = True
+    readiness_timeout_s: float = 60.0
+
+    def public_dict(self) -> dict[str, Any]:
+        """The settings as they may appear in logs and manifests: no secret, no credentials in URLs."""
+        from olmocr_tasks.redaction import redact_url
+
+        data = dataclasses.asdict(self)
+        data.pop("api_key")
+        data["base_urls"] = [redact_url(url) for url in self.base_urls]
+        data["api_key_set"] = self.api_key is not None
+        return data
+
+
+@dataclass(frozen=True)
+class PageSettings:
+    """olmOCR's page protocol knobs."""
+
+    target_longest_image_dim: int = 1288
+    max_page_retries: int = 8
+    max_tokens: int = 8000
+    model_max_context: int = 16384
+    # PNG zlib level for page images: the pixels are identical at every level; 1 costs a fraction of
+    # the CPU of Pillow's default 6 for a slightly larger request body.
+    png_compress_level: int = 1
+
+
+@dataclass(frozen=True)
+class DocumentLimits:
+    """Guards that turn hostile or oversized inputs into typed failures instead of crashes."""
+
+    max_bytes: int = 512 * 1024 * 1024
+    max_pages: int = 5000
+    # Renders larger than this many pixels are scaled down (enormous page boxes).
+    max_render_pixels: int = 1288 * 1288 * 4
+    render_timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class ConversionSettings:
+    """Everything that shapes one conversion run."""
+
+    server: ServerSettings = field(default_factory=ServerSettings)
+    page: PageSettings = field(default_factory=PageSettings)
+    limits: DocumentLimits = field(default_factory=DocumentLimits)
+    max_page_error_rate: float = 0.004
+    write_markdown: bool = True
+    # Documents whose bytes are held in memory at once by one process (pages of these interleave).
+    max_open_documents: int = 16
+    gpu_hour_price: float | None = None
+
+    def public_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["server"] = self.server.public_dict()
+        return data

@@ -1,0 +1,83 @@
+"""Exception hierarchy.
+
+Two families matter to callers:
+
+* ``DocumentError`` subclasses describe something wrong with one document. They carry a stable
+  ``error_class`` string that is recorded in the manifest; the run goes on with other documents and
+  Airflow must not retry the task for them.
+* ``InfrastructureError`` subclasses (``ServerUnavailable``, ``StorageError``) mean the environment is
+  broken. Work is aborted without publishing partial results, and the task is retried later.
+"""
+
+from __future__ import annotations
+
+
+class OlmocrTasksError(Exception):
+    """Base class of every error raised by olmocr_tasks."""
+
+
+class ConfigurationError(OlmocrTasksError):
+    """Settings or arguments are invalid (a usage error)."""
+
+
+class DocumentError(OlmocrTasksError):
+    """A document cannot be converted because of its content."""
+
+    error_class = "document_error"
+
+
+class NotPdfError(DocumentError):
+    error_class = "not_pdf"
+
+
+class EmptyDocumentError(DocumentError):
+    error_class = "empty"
+
+
+class EncryptedPdfError(DocumentError):
+    error_class = "encrypted"
+
+
+class CorruptPdfError(DocumentError):
+    error_class = "corrupt"
+
+
+class TooLargeError(DocumentError):
+    error_class = "too_large"
+
+
+class ErrorRateExceededError(DocumentError):
+    error_class = "error_rate_exceeded"
+
+
+class UnreadableSourceError(DocumentError):
+    """The object exists in the listing but cannot be read (deleted, access denied)."""
+
+    error_class = "unreadable"
+
+
+class InfrastructureError(OlmocrTasksError):
+    """The environment failed; the work should be retried later as a whole."""
+
+
+class ServerUnavailable(InfrastructureError):  # noqa: N818 - name fixed by the public API
+    """The inference server was unreachable or failing for longer than the outage window."""
+
+
+class ServerNotReady(InfrastructureError):  # noqa: N818
+    """The readiness check failed: the server is down or does not serve the configured model."""
+
+
+class StorageError(InfrastructureError):
+    """Reading or writing storage failed after retries."""
+
+
+DOCUMENT_ERROR_CLASSES: tuple[type[DocumentError], ...] = (
+    NotPdfError,
+    EmptyDocumentError,
+    EncryptedPdfError,
+    CorruptPdfError,
+    TooLargeError,
+    ErrorRateExceededError,
+    UnreadableSourceError,
+)

@@ -1,0 +1,208 @@
+"""The run manifest: one JSON object per run, written last under ``OUTPUT/manifests/<run-id>.json``.
+
+It is the run's commit marker: a reader that sees a manifest can trust every output it names. The
+schema is versioned (``schema_version``) and published as ``olmocr_tasks/schemas/manifest.schema.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import statistics
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+SCHEMA_VERSION = 1
+MANIFESTS_DIR = "manifests"
+
+Status = Literal["converted", "failed", "skipped"]
+
+_RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def safe_run_id(run_id: str) -> str:
+    """Run ids become object keys: keep them to a portable character set (Airflow's contain ':')."""
+    cleaned = _RUN_ID_UNSAFE.sub("_", run_id).strip("._")
+    return cleaned[:200] or "run"
+
+
+def manifest_uri(output_uri: str, run_id: str) -> str:
+    return f"{output_uri.rstrip('/')}/{MANIFESTS_DIR}/{safe_run_id(run_id)}.json"
+
+
+@dataclass
+class DocumentEntry:
+    """One document's line in the manifest."""
+
+    source: str
+    status: Status
+    size: int | None = None
+    sha256: str | None = None
+    error_class: str | None = None
+    error: str | None = None
+    pages: int = 0
+    fallback_pages: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    attempts: int = 0
+    seconds: float = 0.0
+    outputs: dict[str, str] = field(default_factory=dict)
+    # How many runs have tried this source version and failed (dead-letter bookkeeping).
+    failed_attempts: int = 0
+    skip_reason: str | None = None
+    # Per-page latencies (seconds of the accepted attempt) and the attempt each page succeeded on;
+    # these feed the run's percentiles and histogram.
+    page_latencies_s: list[float] = field(default_factory=list)
+    accepted_attempt_histogram: dict[str, int] = field(default_factory=dict)
+    server_input_tokens: int = 0
+    server_output_tokens: int = 0
+    # Airflow context of the task that converted it (dag/run/task/map index), when run by Airflow.
+    task: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DocumentEntry:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+
+@dataclass
+class Manifest:
+    run_id: str
+    started_at: str
+    finished_at: str
+    server: dict[str, Any]
+    model: str
+    prompt_version: str
+    package_version: str
+    settings: dict[str, Any]
+    input_uri: str
+    output_uri: str
+    documents: list[DocumentEntry]
+    dead_letters: list[DocumentEntry] = field(default_factory=list)
+    already_converted: int = 0
+    gpu_hour_price: float | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def counts(self) -> dict[str, int]:
+        by_status = {"converted": 0, "failed": 0, "skipped": 0}
+        for doc in self.documents:
+            by_status[doc.status] += 1
+        converted = [doc for doc in self.documents if doc.status == "converted"]
+        return {
+            "documents": len(self.documents),
+            **by_status,
+            "dead_letters": len(self.dead_letters),
+            "already_converted": self.already_converted,
+            "pages": sum(doc.pages for doc in converted),
+            "fallback_pages": sum(doc.fallback_pages for doc in converted),
+            "input_tokens": sum(doc.input_tokens for doc in converted),
+            "output_tokens": sum(doc.output_tokens for doc in converted),
+            "server_input_tokens": sum(doc.server_input_tokens for doc in self.documents),
+            "server_output_tokens": sum(doc.server_output_tokens for doc in self.documents),
+            "attempts": sum(doc.attempts for doc in self.documents),
+        }
+
+    def metrics(self) -> dict[str, Any]:
+        counts = self.counts()
+        elapsed = max(_seconds_between(self.started_at, self.finished_at), 1e-9)
+        latencies = sorted(lat for doc in self.documents for lat in doc.page_latencies_s)
+        histogram: dict[str, int] = {}
+        for doc in self.documents:
+            for attempt, n in doc.accepted_attempt_histogram.items():
+                histogram[attempt] = histogram.get(attempt, 0) + n
+        pages = counts["pages"]
+        metrics: dict[str, Any] = {
+            "elapsed_s": round(elapsed, 3),
+            "pages_per_second": round(pages / elapsed, 3),
+            "fallback_rate": round(counts["fallback_pages"] / pages, 6) if pages else 0.0,
+            "latency_p50_s": _percentile(latencies, 50),
+            "latency_p95_s": _percentile(latencies, 95),
+            "accepted_attempt_histogram": dict(sorted(histogram.items(), key=lambda kv: _attempt_key(kv[0]))),
+            "output_tokens_per_page": round(counts["output_tokens"] / pages, 1) if pages else 0.0,
+        }
+        metrics["cost"] = self._cost_estimate(elapsed, pages)
+        return metrics
+
+    def _cost_estimate(self, elapsed: float, pages: int) -> dict[str, Any] | None:
+        """GPU cost of the run at the configured hourly price, from the wall time the server was busy."""
+        if self.gpu_hour_price is None:
+            return None
+        gpu_seconds = elapsed
+        cost = self.gpu_hour_price * gpu_seconds / 3600
+        return {
+            "gpu_hour_price": self.gpu_hour_price,
+            "gpu_seconds": round(gpu_seconds, 3),
+            "estimated_cost": round(cost, 6),
+            "cost_per_million_pages": round(cost / pages * 1_000_000, 2) if pages else None,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "run_id": self.run_id,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "package_version": self.package_version,
+            "server": self.server,
+            "model": self.model,
+            "prompt_version": self.prompt_version,
+            "input_uri": self.input_uri,
+            "output_uri": self.output_uri,
+            "settings": self.settings,
+            "counts": self.counts(),
+            "metrics": self.metrics(),
+            "documents": [doc.to_dict() for doc in self.documents],
+            "dead_letters": [doc.to_dict() for doc in self.dead_letters],
+        }
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), indent=1, ensure_ascii=False).encode("utf-8")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        return cls(
+            run_id=data["run_id"],
+            started_at=data["started_at"],
+            finished_at=data["finished_at"],
+            server=data.get("server", {}),
+            model=data["model"],
+            prompt_version=data["prompt_version"],
+            package_version=data.get("package_version", ""),
+            settings=data.get("settings", {}),
+            input_uri=data.get("input_uri", ""),
+            output_uri=data.get("output_uri", ""),
+            documents=[DocumentEntry.from_dict(doc) for doc in data.get("documents", [])],
+            dead_letters=[DocumentEntry.from_dict(doc) for doc in data.get("dead_letters", [])],
+            already_converted=data.get("counts", {}).get("already_converted", 0),
+            gpu_hour_price=(data.get("metrics", {}).get("cost") or {}).get("gpu_hour_price"),
+            schema_version=data.get("schema_version", SCHEMA_VERSION),
+        )
+
+
+def _attempt_key(attempt: str) -> int:
+    return int(attempt) if attempt.isdigit() else 1_000_000
+
+
+def _percentile(sorted_values: list[float], percentile: int) -> float | None:
+    if not sorted_values:
+        return None
+    if len(sorted_values) == 1:
+        return round(sorted_values[0], 4)
+    cut_points = statistics.quantiles(sorted_values, n=100, method="inclusive")
+    return round(cut_points[percentile - 1], 4)
+
+
+def _seconds_between(start: str, end: str) -> float:
+    def parse(stamp: str) -> datetime:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+    return (parse(end) - parse(start)).total_seconds()

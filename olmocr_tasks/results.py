@@ -1,0 +1,150 @@
+"""What converting a page and a document produces. Plain dataclasses, JSON-friendly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from olmocr_tasks.protocol import PageResponse
+
+
+@dataclass
+class PageResult:
+    """One page's outcome. ``page_number`` is 1-based like olmOCR's spans."""
+
+    page_number: int
+    text: str | None
+    primary_language: str | None
+    is_rotation_valid: bool
+    rotation_correction: int
+    is_table: bool
+    is_diagram: bool
+    input_tokens: int
+    output_tokens: int
+    attempts: int
+    # 1-based attempt whose answer was accepted; None for a fallback page.
+    accepted_attempt: int | None
+    latency_s: float
+    is_fallback: bool
+    fallback_reason: str | None = None
+    # Tokens of every answered attempt, retries included (what the server actually spent).
+    server_input_tokens: int = 0
+    server_output_tokens: int = 0
+
+    @classmethod
+    def from_response(
+        cls,
+        page_number: int,
+        response: PageResponse,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        attempts: int,
+        accepted_attempt: int,
+        latency_s: float,
+        server_input_tokens: int,
+        server_output_tokens: int,
+    ) -> PageResult:
+        return cls(
+            page_number=page_number,
+            text=response.natural_text,
+            primary_language=response.primary_language,
+            is_rotation_valid=response.is_rotation_valid,
+            rotation_correction=response.rotation_correction,
+            is_table=response.is_table,
+            is_diagram=response.is_diagram,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            attempts=attempts,
+            accepted_attempt=accepted_attempt,
+            latency_s=latency_s,
+            is_fallback=False,
+            server_input_tokens=server_input_tokens,
+            server_output_tokens=server_output_tokens,
+        )
+
+    @classmethod
+    def fallback(
+        cls,
+        page_number: int,
+        text: str | None,
+        *,
+        attempts: int,
+        latency_s: float,
+        reason: str,
+        server_input_tokens: int = 0,
+        server_output_tokens: int = 0,
+    ) -> PageResult:
+        """A page whose attempts were exhausted: the PDF's own text layer, as olmOCR does."""
+        return cls(
+            page_number=page_number,
+            text=text or None,
+            primary_language=None,
+            is_rotation_valid=True,
+            rotation_correction=0,
+            is_table=False,
+            is_diagram=False,
+            input_tokens=0,
+            output_tokens=0,
+            attempts=attempts,
+            accepted_attempt=None,
+            latency_s=latency_s,
+            is_fallback=True,
+            fallback_reason=reason,
+            server_input_tokens=server_input_tokens,
+            server_output_tokens=server_output_tokens,
+        )
+
+
+@dataclass
+class DocumentResult:
+    """A converted document: its pages in order plus identity of the source bytes."""
+
+    source: str
+    size: int
+    sha256: str
+    pages: list[PageResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def page_count(self) -> int:
+        return len(self.pages)
+
+    @property
+    def fallback_pages(self) -> int:
+        return sum(1 for page in self.pages if page.is_fallback)
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(page.input_tokens for page in self.pages)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(page.output_tokens for page in self.pages)
+
+    @property
+    def attempts(self) -> int:
+        return sum(page.attempts for page in self.pages)
+
+    @property
+    def text(self) -> str:
+        """olmOCR's concatenation: each non-empty page text, newline-separated except after the last."""
+        return "".join(span_text for span_text, _ in self.page_spans_text())
+
+    def page_spans_text(self) -> list[tuple[str, int]]:
+        last = len(self.pages) - 1
+        pieces: list[tuple[str, int]] = []
+        for index, page in enumerate(self.pages):
+            if page.text is None:
+                pieces.append(("", page.page_number))
+            else:
+                pieces.append((page.text if index == last else page.text + "\n", page.page_number))
+        return pieces
+
+    def page_spans(self) -> list[list[int]]:
+        """``[start_char, end_char, page_number]`` per page, as in olmOCR's ``pdf_page_numbers``."""
+        spans: list[list[int]] = []
+        offset = 0
+        for piece, page_number in self.page_spans_text():
+            spans.append([offset, offset + len(piece), page_number])
+            offset += len(piece)
+        return spans
