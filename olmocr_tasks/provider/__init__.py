@@ -1,0 +1,60 @@
+"""Airflow provider registration (``apache_airflow_provider`` entry point).
+
+Importing this module must not import Airflow: Airflow calls ``get_provider_info`` while it is still
+discovering providers. The hook itself lives in ``olmocr_tasks.provider.hooks``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from olmocr_tasks import __version__
+from olmocr_tasks.config import DEFAULT_MODEL
+
+CONNECTION_TYPE = "olmocr_vllm"
+DEFAULT_CONN_ID = "olmocr_vllm"
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "olmocr-airflow",
+        "name": "olmOCR on vLLM",
+        "description": "Convert PDF collections to markdown with olmOCR served by vLLM.",
+        "versions": [__version__],
+        "connection-types": [
+            {
+                "connection-type": CONNECTION_TYPE,
+                "hook-class-name": "olmocr_tasks.provider.hooks.VllmHook",
+                "hook-name": "olmOCR vLLM",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "login"],
+                    "relabeling": {"password": "API key", "host": "Host (or full base URL)"},
+                    "placeholders": {
+                        "host": "vllm.internal or https://vllm.example.com/v1",
+                        "port": "8000",
+                        "password": "optional Bearer token",
+                    },
+                },
+                "conn-fields": {
+                    "model": {
+                        "label": "Served model name",
+                        "description": "Must be listed by GET /v1/models.",
+                        "schema": {"type": ["string", "null"], "default": DEFAULT_MODEL},
+                    },
+                    "replicas": {
+                        "label": "More replicas",
+                        "description": "Comma-separated base URLs of further vLLM replicas (balanced).",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "max_concurrent_requests": {
+                        "label": "Max in-flight requests per worker",
+                        "schema": {"type": ["integer", "null"], "minimum": 1},
+                    },
+                    "verify_tls": {
+                        "label": "Verify TLS certificates",
+                        "schema": {"type": ["boolean", "null"], "default": True},
+                    },
+                },
+            }
+        ],
+    }
