@@ -60,11 +60,11 @@ class InfrastructureError(OlmocrTasksError):
     """The environment failed; the work should be retried later as a whole."""
 
 
-class ServerUnavailable(InfrastructureError):  # noqa: N818 - name fixed by the public API
+class ServerUnavailable(InfrastructureError):
     """The inference server was unreachable or failing for longer than the outage window."""
 
 
-class ServerNotReady(InfrastructureError):  # noqa: N818
+class ServerNotReady(InfrastructureError):
     """The readiness check failed: the server is down or does not serve the configured model."""
 
 
