@@ -1,0 +1,341 @@
+"""Convert many documents in one process while keeping the inference server full.
+
+One ``ConversionEngine`` per process owns the render pool, the HTTP client and the page converter.
+Documents are admitted while fewer pages are waiting than twice the in-flight window, so pages of
+many small documents interleave and a single large document never holds the others back; documents
+sit on local disk (not in memory) until they are done.
+
+Each document ends as a ``DocumentEntry``: ``converted`` (outputs written), ``skipped`` (identical
+content already converted with the same model and prompt) or ``failed`` with a typed error class.
+Infrastructure errors (server unavailable, storage down) abort the whole call instead: nothing is
+recorded for documents that did not finish, so a retry converts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from olmocr_tasks import __version__
+from olmocr_tasks.client import AttemptFailed, InferenceClient
+from olmocr_tasks.config import ConversionSettings
+from olmocr_tasks.errors import (
+    DocumentError,
+    ErrorRateExceededError,
+    InfrastructureError,
+    TooLargeError,
+    UnreadableSourceError,
+)
+from olmocr_tasks.ledger import Ledger
+from olmocr_tasks.manifest import DocumentEntry
+from olmocr_tasks.outputs import write_document_outputs
+from olmocr_tasks.pages import PageConverter
+from olmocr_tasks.progress import ProgressReporter
+from olmocr_tasks.protocol import PROMPT_VERSION, RequestBodyBuilder
+from olmocr_tasks.rendering import RenderError, RenderPool
+from olmocr_tasks.results import DocumentResult, PageResult
+from olmocr_tasks.storage import ObjectInfo, Storage, is_s3
+
+log = logging.getLogger(__name__)
+
+_HASH_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SourceDocument:
+    """A PDF to convert: where it is, what the listing said about it, and where its outputs go."""
+
+    info: ObjectInfo
+    stem: str
+
+    @property
+    def uri(self) -> str:
+        return self.info.uri
+
+
+class _Admission:
+    """Admits documents while the queue of pages waiting for a request slot is short."""
+
+    def __init__(self, high_water_pages: int, max_open_documents: int) -> None:
+        self._high_water = high_water_pages
+        self._max_open = max_open_documents
+        self._open = 0
+        self._pending_pages = 0
+        self._changed = asyncio.Condition()
+
+    async def enter(self) -> None:
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: self._open == 0 or (self._open < self._max_open and self._pending_pages < self._high_water)
+            )
+            self._open += 1
+            self._pending_pages += 1  # the document's first page, before its count is known
+
+    async def pages_known(self, pages: int) -> None:
+        async with self._changed:
+            self._pending_pages += pages - 1
+
+    async def page_done(self) -> None:
+        async with self._changed:
+            self._pending_pages -= 1
+            self._changed.notify_all()
+
+    async def leave(self, unfinished_pages: int) -> None:
+        async with self._changed:
+            self._open -= 1
+            self._pending_pages -= unfinished_pages
+            self._changed.notify_all()
+
+
+class ConversionEngine:
+    """Converts documents with olmOCR's protocol; use as an async context manager."""
+
+    def __init__(
+        self,
+        settings: ConversionSettings,
+        storage: Storage,
+        output_uri: str,
+        *,
+        run_id: str,
+        ledger: Ledger | None = None,
+        progress: ProgressReporter | None = None,
+        reprocess: bool = False,
+        task_context: dict[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._storage = storage
+        self._output_uri = output_uri
+        self._run_id = run_id
+        self._ledger = ledger
+        self._progress = progress
+        self._reprocess = reprocess
+        self._task_context = task_context
+        self._client = InferenceClient(settings.server)
+        self._renderer = RenderPool(png_compress_level=settings.page.png_compress_level, limits=settings.limits)
+        self._pages = PageConverter(
+            self._client,
+            self._renderer,
+            RequestBodyBuilder(settings.server.model, settings.page.max_tokens),
+            settings.page,
+            attempt_failed=AttemptFailed,
+            render_failed=RenderError,
+        )
+        self._spool_dir: str | None = None
+        self._content_in_progress: dict[str, asyncio.Future[dict[str, str]]] = {}
+
+    async def __aenter__(self) -> ConversionEngine:
+        self._spool_dir = tempfile.mkdtemp(prefix="olmocr-tasks-")
+        await self._client.__aenter__()
+        await self._renderer.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            await self._renderer.__aexit__(*exc_info)
+        finally:
+            await self._client.__aexit__(*exc_info)
+            if self._spool_dir:
+                shutil.rmtree(self._spool_dir, ignore_errors=True)
+
+    async def check_ready(self) -> list[str]:
+        return await self._client.check_ready()
+
+    async def convert_all(self, sources: Sequence[SourceDocument]) -> list[DocumentEntry]:
+        """Convert every source; entries come back in the order of ``sources``."""
+        window = self.settings.server.max_concurrent_requests
+        admission = _Admission(high_water_pages=2 * window, max_open_documents=self.settings.max_open_documents)
+        entries: list[DocumentEntry | None] = [None] * len(sources)
+
+        async def run(index: int, source: SourceDocument) -> None:
+            entry = await self._convert_one(source, admission)
+            entries[index] = entry
+            if self._progress:
+                self._progress.document_done(entry)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for index, source in enumerate(sources):
+                    await admission.enter()
+                    group.create_task(run(index, source))
+        except* InfrastructureError as failures:
+            raise failures.exceptions[0] from None
+        return [entry for entry in entries if entry is not None]
+
+    async def _convert_one(self, source: SourceDocument, admission: _Admission) -> DocumentEntry:
+        started = time.monotonic()
+        unfinished = 1
+        local_path: str | None = None
+        entry = DocumentEntry(source=source.uri, status="failed", size=source.info.size, task=self._task_context)
+        try:
+            limit = self.settings.limits.max_bytes
+            if source.info.size is not None and source.info.size > limit:
+                raise TooLargeError(f"{source.info.size} bytes is over the limit of {limit} bytes")
+            local_path = await self._localise(source)
+            entry.size, entry.sha256 = await asyncio.to_thread(_size_and_sha256, local_path)
+            if entry.size > limit:
+                raise TooLargeError(f"{entry.size} bytes is over the limit of {limit} bytes")
+
+            duplicate = await self._find_duplicate(entry.sha256)
+            if duplicate is not None:
+                entry.status, entry.skip_reason, entry.outputs = "skipped", "duplicate_content", duplicate
+                await self._remember_done(source, entry)
+                return entry
+
+            claim: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
+            self._content_in_progress[entry.sha256] = claim
+            try:
+                result = await self._convert_pages(source, local_path, entry, admission)
+                unfinished = 0
+                self._check_error_rate(result)
+                entry.outputs = await asyncio.to_thread(
+                    write_document_outputs,
+                    result,
+                    output_uri=self._output_uri,
+                    stem=source.stem,
+                    storage=self._storage,
+                    write_markdown=self.settings.write_markdown,
+                    model=self.settings.server.model,
+                    prompt_version=PROMPT_VERSION,
+                    package_version=__version__,
+                )
+                claim.set_result(entry.outputs)
+            finally:
+                if not claim.done():
+                    claim.cancel()
+                self._content_in_progress.pop(entry.sha256, None)
+            entry.status = "converted"
+            await self._remember_done(source, entry)
+        except DocumentError as exc:
+            entry.error_class, entry.error = exc.error_class, str(exc) or exc.__class__.__name__
+            await self._remember_failure(source, entry)
+        except InfrastructureError:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A bug or an unforeseen library error must not take the other documents down with it.
+            log.error("unexpected error converting %s:\n%s", source.uri, traceback.format_exc())
+            entry.error_class, entry.error = "internal_error", f"{exc.__class__.__name__}: {exc}"
+            await self._remember_failure(source, entry)
+        finally:
+            entry.seconds = round(time.monotonic() - started, 3)
+            await admission.leave(unfinished)
+            if local_path is not None:
+                await self._renderer.release(local_path)
+                if local_path.startswith(self._spool_dir or "\0"):
+                    await asyncio.to_thread(_remove_quietly, local_path)
+        return entry
+
+    async def _convert_pages(
+        self, source: SourceDocument, path: str, entry: DocumentEntry, admission: _Admission
+    ) -> DocumentResult:
+        info = await self._renderer.inspect(path)
+        await admission.pages_known(info.page_count)
+        if self._progress:
+            self._progress.document_started(source.uri, info.page_count)
+
+        async def page(index: int) -> PageResult:
+            result = await self._pages.convert(path, index)
+            await admission.page_done()
+            if self._progress:
+                self._progress.page_done(result)
+            return result
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(page(index)) for index in range(info.page_count)]
+        except* InfrastructureError as failures:
+            raise failures.exceptions[0] from None
+        pages = [task.result() for task in tasks]
+        result = DocumentResult(source=source.uri, size=entry.size or 0, sha256=entry.sha256 or "", pages=pages)
+        _account(entry, result)
+        return result
+
+    def _check_error_rate(self, result: DocumentResult) -> None:
+        # olmOCR's guard, strict ">" so that e.g. 1 fallback in 250 pages is still accepted at 0.004.
+        if result.page_count and result.fallback_pages / result.page_count > self.settings.max_page_error_rate:
+            raise ErrorRateExceededError(
+                f"{result.fallback_pages} of {result.page_count} pages fell back to the text layer "
+                f"(limit {self.settings.max_page_error_rate:g})"
+            )
+
+    async def _localise(self, source: SourceDocument) -> str:
+        if not is_s3(source.uri):
+            path = source.uri.removeprefix("file://")
+            if not os.path.isfile(path):
+                raise UnreadableSourceError(f"{source.uri} does not exist or is not a file")
+            return path
+        assert self._spool_dir is not None
+        fd, path = tempfile.mkstemp(suffix=".pdf", dir=self._spool_dir)
+        os.close(fd)
+        await asyncio.to_thread(self._storage.download, source.uri, path)
+        return path
+
+    async def _find_duplicate(self, sha256: str) -> dict[str, str] | None:
+        if self._reprocess:
+            return None
+        in_progress = self._content_in_progress.get(sha256)
+        if in_progress is not None:
+            try:
+                return dict(await asyncio.shield(in_progress))
+            except asyncio.CancelledError:
+                if asyncio.current_task() and asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    raise
+                return None  # the other copy failed: convert this one on its own
+        if self._ledger is None:
+            return None
+        record = await asyncio.to_thread(self._ledger.find_content, sha256)
+        return dict(record.outputs) if record is not None else None
+
+    async def _remember_done(self, source: SourceDocument, entry: DocumentEntry) -> None:
+        if self._ledger is not None:
+            await asyncio.to_thread(
+                self._ledger.mark_done, source.info, entry.sha256 or "", entry.outputs, self._run_id
+            )
+
+    async def _remember_failure(self, source: SourceDocument, entry: DocumentEntry) -> None:
+        if self._ledger is not None:
+            entry.failed_attempts = await asyncio.to_thread(
+                self._ledger.mark_failed, source.info, entry.error_class or "", entry.error or "", self._run_id
+            )
+
+
+def _account(entry: DocumentEntry, result: DocumentResult) -> None:
+    entry.pages = result.page_count
+    entry.fallback_pages = result.fallback_pages
+    entry.input_tokens = result.input_tokens
+    entry.output_tokens = result.output_tokens
+    entry.attempts = result.attempts
+    entry.server_input_tokens = sum(page.server_input_tokens for page in result.pages)
+    entry.server_output_tokens = sum(page.server_output_tokens for page in result.pages)
+    entry.page_latencies_s = [round(page.latency_s, 4) for page in result.pages if not page.is_fallback]
+    histogram: dict[str, int] = {}
+    for page in result.pages:
+        key = str(page.accepted_attempt) if page.accepted_attempt is not None else "fallback"
+        histogram[key] = histogram.get(key, 0) + 1
+    entry.accepted_attempt_histogram = histogram
+
+
+def _size_and_sha256(path: str) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)

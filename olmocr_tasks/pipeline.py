@@ -1,0 +1,338 @@
+"""Run-level orchestration shared by the CLI and the Airflow DAGs: plan, convert, publish.
+
+A run is: **plan** (discover PDFs, drop those already converted with the same content, model and
+prompt, list dead letters), **convert** (one or many batches, each writing a *part* file with its
+documents' manifest entries), and **publish** (merge the plan and the parts into the run manifest,
+written last). The plan and parts live under ``OUTPUT/_runs/<run-id>/`` so that every discovered
+document reaches the manifest — a batch that never reported is accounted for as failed — and XCom
+only ever carries URIs and counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TextIO
+
+from olmocr_tasks import __version__
+from olmocr_tasks.config import ConversionSettings
+from olmocr_tasks.conversion import ConversionEngine, SourceDocument
+from olmocr_tasks.discovery import MissingSource, iter_pdfs, resolve_explicit
+from olmocr_tasks.ledger import Ledger, conversion_key
+from olmocr_tasks.manifest import DocumentEntry, Manifest, manifest_uri, safe_run_id, utc_now
+from olmocr_tasks.outputs import output_stem
+from olmocr_tasks.progress import ProgressReporter
+from olmocr_tasks.protocol import PROMPT_VERSION
+from olmocr_tasks.storage import ObjectInfo, Storage, join_uri
+
+log = logging.getLogger(__name__)
+
+RUNS_DIR = "_runs"
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What one run should convert and how."""
+
+    input_uri: str
+    output_uri: str
+    run_id: str
+    settings: ConversionSettings = field(default_factory=ConversionSettings)
+    documents: tuple[str, ...] | None = None
+    modified_after: datetime | None = None
+    modified_until: datetime | None = None
+    reprocess: bool = False
+    max_documents: int | None = None
+    max_failed_attempts: int = 3
+
+    @property
+    def conversion_key(self) -> str:
+        return conversion_key(
+            self.settings.server.model, PROMPT_VERSION, self.settings.page.target_longest_image_dim
+        )
+
+    def run_dir(self) -> str:
+        return join_uri(self.output_uri, RUNS_DIR, safe_run_id(self.run_id))
+
+
+@dataclass
+class RunPlan:
+    sources: list[SourceDocument]
+    # Documents that cannot even be attempted (an explicit URI that does not exist).
+    unavailable: list[DocumentEntry] = field(default_factory=list)
+    dead_letters: list[DocumentEntry] = field(default_factory=list)
+    already_converted: int = 0
+    started_at: str = field(default_factory=utc_now)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "started_at": self.started_at,
+            "already_converted": self.already_converted,
+            "sources": [source_to_dict(source) for source in self.sources],
+            "unavailable": [entry.to_dict() for entry in self.unavailable],
+            "dead_letters": [entry.to_dict() for entry in self.dead_letters],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunPlan:
+        return cls(
+            sources=[source_from_dict(item) for item in data["sources"]],
+            unavailable=[DocumentEntry.from_dict(item) for item in data.get("unavailable", [])],
+            dead_letters=[DocumentEntry.from_dict(item) for item in data.get("dead_letters", [])],
+            already_converted=data.get("already_converted", 0),
+            started_at=data["started_at"],
+        )
+
+
+def source_to_dict(source: SourceDocument) -> dict[str, Any]:
+    info = source.info
+    return {
+        "uri": info.uri,
+        "size": info.size,
+        "etag": info.etag,
+        "last_modified": info.last_modified.isoformat() if info.last_modified else None,
+        "stem": source.stem,
+    }
+
+
+def source_from_dict(data: dict[str, Any]) -> SourceDocument:
+    modified = data.get("last_modified")
+    info = ObjectInfo(
+        uri=data["uri"],
+        size=data.get("size"),
+        etag=data.get("etag"),
+        last_modified=datetime.fromisoformat(modified) if modified else None,
+    )
+    return SourceDocument(info=info, stem=data["stem"])
+
+
+def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
+    """Discover what this run must convert. Cheap: one listing of the input and one of the state."""
+    plan = RunPlan(sources=[])
+    ledger = Ledger(request.output_uri, storage, request.conversion_key)
+    snapshot = ledger.snapshot()
+    if request.documents is not None:
+        candidates: Iterable[ObjectInfo] = []
+        resolved = resolve_explicit(list(dict.fromkeys(request.documents)), storage)
+        found: list[ObjectInfo] = []
+        for item in resolved:
+            if isinstance(item, MissingSource):
+                plan.unavailable.append(
+                    DocumentEntry(source=item.uri, status="failed", error_class="unreadable", error=item.reason)
+                )
+            else:
+                found.append(item)
+        candidates = found
+    else:
+        candidates = iter_pdfs(
+            request.input_uri,
+            storage,
+            modified_after=request.modified_after,
+            modified_until=request.modified_until,
+        )
+    for info in candidates:
+        if request.max_documents is not None and len(plan.sources) >= request.max_documents:
+            break
+        if not request.reprocess:
+            state = snapshot.status(info)
+            if state.done:
+                plan.already_converted += 1
+                continue
+            if state.failures >= request.max_failed_attempts:
+                plan.dead_letters.append(
+                    DocumentEntry(
+                        source=info.uri,
+                        status="failed",
+                        size=info.size,
+                        error_class="dead_letter",
+                        error=f"failed {state.failures} times; last error: {state.last_error or 'unknown'}",
+                        failed_attempts=state.failures,
+                    )
+                )
+                continue
+        plan.sources.append(SourceDocument(info=info, stem=output_stem(info.uri, request.input_uri)))
+    return plan
+
+
+def pack_batches(
+    sources: Sequence[SourceDocument],
+    *,
+    max_batches: int = 1000,
+    small_document_bytes: int = 2 * 1024 * 1024,
+    batch_bytes: int = 16 * 1024 * 1024,
+    max_documents_per_batch: int = 200,
+) -> list[list[SourceDocument]]:
+    """Group documents into batches: one per large document, small ones packed together.
+
+    Keeps the number of batches within ``max_batches`` (Airflow's ``max_map_length``) by growing the
+    packing targets until it fits, so a run of 50,000 documents still maps.
+    """
+    if not sources:
+        return []
+    while True:
+        batches: list[list[SourceDocument]] = []
+        current: list[SourceDocument] = []
+        current_bytes = 0
+        for source in sources:
+            size = source.info.size or 0
+            if size >= small_document_bytes:
+                batches.append([source])
+                continue
+            if current and (current_bytes + size > batch_bytes or len(current) >= max_documents_per_batch):
+                batches.append(current)
+                current, current_bytes = [], 0
+            current.append(source)
+            current_bytes += size
+        if current:
+            batches.append(current)
+        if len(batches) <= max_batches:
+            return batches
+        small_document_bytes *= 2
+        batch_bytes *= 2
+        max_documents_per_batch *= 2
+
+
+def write_plan(request: RunRequest, plan: RunPlan, storage: Storage) -> str:
+    uri = join_uri(request.run_dir(), "plan.json")
+    storage.write_bytes_atomic(uri, json.dumps(plan.to_dict()).encode())
+    return uri
+
+
+def read_plan(request: RunRequest, storage: Storage) -> RunPlan:
+    return RunPlan.from_dict(json.loads(storage.read_bytes(join_uri(request.run_dir(), "plan.json"))))
+
+
+def part_uri(request: RunRequest, batch_key: str) -> str:
+    return join_uri(request.run_dir(), "parts", f"{batch_key}.json")
+
+
+async def convert_sources(
+    request: RunRequest,
+    storage: Storage,
+    sources: Sequence[SourceDocument],
+    *,
+    progress_stream: TextIO | None = None,
+    task_context: dict[str, Any] | None = None,
+    check_ready: bool = True,
+) -> list[DocumentEntry]:
+    """Convert documents in this process. Raises ``InfrastructureError`` when the work must be retried."""
+    if not sources:
+        return []
+    ledger = Ledger(request.output_uri, storage, request.conversion_key)
+    async with ProgressReporter(len(sources), stream=progress_stream) as progress:
+        engine = ConversionEngine(
+            request.settings,
+            storage,
+            request.output_uri,
+            run_id=request.run_id,
+            ledger=ledger,
+            progress=progress,
+            reprocess=request.reprocess,
+            task_context=task_context,
+        )
+        async with engine:
+            if check_ready:
+                await engine.check_ready()
+            return await engine.convert_all(sources)
+
+
+def convert_batch(
+    request: RunRequest,
+    storage: Storage,
+    batch_key: str,
+    sources: Sequence[SourceDocument],
+    *,
+    task_context: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Convert one batch and record its entries in a part file; returns a small summary for XCom."""
+    entries = asyncio.run(convert_sources(request, storage, sources, task_context=task_context))
+    uri = part_uri(request, batch_key)
+    storage.write_bytes_atomic(uri, json.dumps([entry.to_dict() for entry in entries]).encode())
+    return summarize(entries) | {"part": uri, "batch": batch_key}
+
+
+def summarize(entries: Iterable[DocumentEntry]) -> dict[str, int]:
+    counts = {"documents": 0, "converted": 0, "failed": 0, "skipped": 0, "pages": 0, "fallback_pages": 0}
+    for entry in entries:
+        counts["documents"] += 1
+        counts[entry.status] += 1
+        counts["pages"] += entry.pages
+        counts["fallback_pages"] += entry.fallback_pages
+    return counts
+
+
+def collect_parts(request: RunRequest, storage: Storage) -> dict[str, DocumentEntry]:
+    """Every entry reported by this run's batches, keyed by source URI."""
+    entries: dict[str, DocumentEntry] = {}
+    for info in storage.list_objects(join_uri(request.run_dir(), "parts") + "/"):
+        if not info.uri.endswith(".json"):
+            continue
+        for item in json.loads(storage.read_bytes(info.uri)):
+            entry = DocumentEntry.from_dict(item)
+            entries[entry.source] = entry
+    return entries
+
+
+def build_manifest(
+    request: RunRequest,
+    plan: RunPlan,
+    entries_by_source: dict[str, DocumentEntry],
+    *,
+    finished_at: str | None = None,
+) -> Manifest:
+    """Merge plan and results; a planned document without a result is recorded as failed."""
+    documents: list[DocumentEntry] = list(plan.unavailable)
+    for source in plan.sources:
+        entry = entries_by_source.get(source.uri)
+        if entry is None:
+            entry = DocumentEntry(
+                source=source.uri,
+                status="failed",
+                size=source.info.size,
+                error_class="not_converted",
+                error="its batch did not finish (see the task log); it will be retried by the next run",
+            )
+        documents.append(entry)
+    return Manifest(
+        run_id=request.run_id,
+        started_at=plan.started_at,
+        finished_at=finished_at or utc_now(),
+        server=request.settings.server.public_dict(),
+        model=request.settings.server.model,
+        prompt_version=PROMPT_VERSION,
+        package_version=__version__,
+        settings=request.settings.public_dict(),
+        input_uri=request.input_uri,
+        output_uri=request.output_uri,
+        documents=documents,
+        dead_letters=plan.dead_letters,
+        already_converted=plan.already_converted,
+        gpu_hour_price=request.settings.gpu_hour_price,
+    )
+
+
+def publish_manifest(manifest: Manifest, storage: Storage) -> str:
+    uri = manifest_uri(manifest.output_uri, manifest.run_id)
+    storage.write_bytes_atomic(uri, manifest.to_json())
+    return uri
+
+
+def run_conversion(
+    request: RunRequest, storage: Storage, *, progress_stream: TextIO | None = None
+) -> tuple[Manifest, str]:
+    """The whole run in one process (the CLI): plan, convert, publish. Returns the manifest and its URI."""
+    plan = plan_run(request, storage)
+    log.info(
+        "run %s: %d to convert, %d already converted, %d dead letters",
+        request.run_id,
+        len(plan.sources),
+        plan.already_converted,
+        len(plan.dead_letters),
+    )
+    entries = asyncio.run(convert_sources(request, storage, plan.sources, progress_stream=progress_stream))
+    manifest = build_manifest(request, plan, {entry.source: entry for entry in entries})
+    return manifest, publish_manifest(manifest, storage)
