@@ -1,0 +1,41 @@
+# Two set-up commands: `make demo` runs the ingestion DAG end to end on the sample PDFs with the local
+# CPU OCR engine; `make test` runs the whole test suite. Both create the virtualenv themselves and
+# install the Debian packages they need (tesseract-ocr; chromium for the browser test) with apt.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test up bench lint clean prerequisites system-packages
+
+demo: prerequisites $(STAMP)
+	@scripts/system-packages.sh tesseract-ocr
+	$(BIN)/python scripts/demo.py
+
+test: prerequisites $(STAMP)
+	@scripts/system-packages.sh tesseract-ocr chromium
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+up: prerequisites $(STAMP)
+	@scripts/system-packages.sh tesseract-ocr
+	$(BIN)/python scripts/up.py
+
+bench: prerequisites $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+prerequisites:
+	@scripts/prerequisites.sh $(PYTHON)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
+	$(BIN)/uv pip install --quiet -p $(BIN)/python -e ".[airflow,s3,test]"
+	@touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) .airflow demo-output test-output .pytest_cache
