@@ -1,0 +1,101 @@
+"""Document text/span assembly (olmOCR's rules) and the manifest's derived counts and metrics."""
+
+from __future__ import annotations
+
+import json
+
+from olmocr_tasks.manifest import DocumentEntry, Manifest, manifest_uri, safe_run_id
+from olmocr_tasks.protocol import PageResponse
+from olmocr_tasks.results import DocumentResult, PageResult
+
+
+def _page(number: int, text: str | None, *, fallback: bool = False) -> PageResult:
+    if fallback:
+        return PageResult.fallback(number, text, attempts=8, latency_s=0.0, reason="exhausted")
+    response = PageResponse("en", True, 0, False, False, text)
+    return PageResult.from_response(
+        number,
+        response,
+        input_tokens=100,
+        output_tokens=10,
+        attempts=1,
+        accepted_attempt=1,
+        latency_s=0.5,
+        server_input_tokens=100,
+        server_output_tokens=10,
+    )
+
+
+def test_text_joins_pages_with_newlines_except_after_the_last_and_none_pages_add_nothing() -> None:
+    doc = DocumentResult("s3://b/x.pdf", 10, "ab", [_page(1, "one"), _page(2, None), _page(3, "three")])
+    assert doc.text == "one\nthree"
+    assert doc.page_spans() == [[0, 4, 1], [4, 4, 2], [4, 9, 3]]
+    for start, end, number in doc.page_spans():
+        page_text = doc.pages[number - 1].text
+        assert doc.text[start:end].rstrip("\n") == (page_text or "")
+
+
+def test_fallback_page_carries_olmocr_defaults_and_no_tokens() -> None:
+    page = _page(4, "raw text layer", fallback=True)
+    assert page.is_fallback and page.accepted_attempt is None
+    assert (page.primary_language, page.is_rotation_valid, page.rotation_correction) == (None, True, 0)
+    assert (page.input_tokens, page.output_tokens) == (0, 0)
+    doc = DocumentResult("a.pdf", 1, "x", [_page(1, "a"), page])
+    assert doc.fallback_pages == 1 and doc.input_tokens == 100 and doc.attempts == 9
+
+
+def _manifest(**extra: object) -> Manifest:
+    converted = DocumentEntry(
+        source="s3://b/a.pdf",
+        status="converted",
+        pages=4,
+        fallback_pages=1,
+        input_tokens=400,
+        output_tokens=40,
+        attempts=5,
+        page_latencies_s=[0.1, 0.2, 0.3],
+        accepted_attempt_histogram={"1": 2, "2": 1, "fallback": 1},
+    )
+    failed = DocumentEntry(source="s3://b/bad.pdf", status="failed", error_class="corrupt", error="truncated")
+    skipped = DocumentEntry(source="s3://b/copy.pdf", status="skipped", skip_reason="duplicate_content")
+    return Manifest(
+        run_id="scheduled__2026-11-30T10:00:00+00:00",
+        started_at="2026-11-30T10:00:00.000Z",
+        finished_at="2026-11-30T10:00:10.000Z",
+        server={"base_urls": ["http://vllm:8000/v1"]},
+        model="m",
+        prompt_version="p",
+        package_version="0.1.0",
+        settings={},
+        input_uri="s3://b/",
+        output_uri="s3://out/x",
+        documents=[converted, failed, skipped],
+        **extra,
+    )
+
+
+def test_counts_and_metrics_are_derived_from_documents() -> None:
+    manifest = _manifest(already_converted=7, gpu_hour_price=3.6)
+    counts = manifest.counts()
+    assert counts["converted"] == 1 and counts["failed"] == 1 and counts["skipped"] == 1
+    assert counts["pages"] == 4 and counts["fallback_pages"] == 1 and counts["already_converted"] == 7
+    metrics = manifest.metrics()
+    assert metrics["elapsed_s"] == 10.0 and metrics["pages_per_second"] == 0.4
+    assert metrics["fallback_rate"] == 0.25
+    assert metrics["latency_p50_s"] == 0.2
+    assert metrics["accepted_attempt_histogram"] == {"1": 2, "2": 1, "fallback": 1}
+    assert metrics["cost"]["estimated_cost"] == 0.01  # 10 s at 3.6 per hour
+
+
+def test_manifest_round_trips_through_json() -> None:
+    manifest = _manifest()
+    data = json.loads(manifest.to_json())
+    assert data["schema_version"] == 1 and data["counts"]["documents"] == 3
+    again = Manifest.from_dict(data)
+    assert again.to_dict() == manifest.to_dict()
+
+
+def test_run_ids_become_safe_object_names() -> None:
+    assert safe_run_id("scheduled__2026-11-30T10:00:00+00:00") == "scheduled__2026-11-30T10_00_00+00_00"
+    assert safe_run_id("../../etc/passwd") == "etc_passwd"
+    assert manifest_uri("s3://out/x/", "manual__1") == "s3://out/x/manifests/manual__1.json"
