@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from olmocr_tasks.manifest import DocumentEntry, Manifest, manifest_uri, safe_run_id
 from olmocr_tasks.protocol import PageResponse
 from olmocr_tasks.results import DocumentResult, PageResult
@@ -99,3 +101,17 @@ def test_run_ids_become_safe_object_names() -> None:
     assert safe_run_id("scheduled__2026-11-30T10:00:00+00:00") == "scheduled__2026-11-30T10_00_00+00_00"
     assert safe_run_id("../../etc/passwd") == "etc_passwd"
     assert manifest_uri("s3://out/x/", "manual__1") == "s3://out/x/manifests/manual__1.json"
+
+
+def test_manifest_validates_against_the_published_schema() -> None:
+    import importlib.resources
+
+    import jsonschema
+
+    schema = json.loads(importlib.resources.files("olmocr_tasks").joinpath("schemas/manifest.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    data = json.loads(_manifest(gpu_hour_price=2.5).to_json())
+    jsonschema.validate(data, schema)
+    data["documents"][0]["status"] = "done"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, schema)
