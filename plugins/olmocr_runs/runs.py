@@ -1,0 +1,384 @@
+"""Turn a manifest's JSON into what the pages show, tolerating older, newer or partial manifests.
+
+Manifests are read as plain dicts: stored ``counts`` and ``metrics`` are used as written, and only
+missing figures are recomputed with ``olmocr_tasks.manifest.Manifest``. Unknown fields are ignored
+and missing ones shown as blanks, so a schema change never takes the pages down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from olmocr_tasks.manifest import Manifest
+from olmocr_tasks.redaction import redact_url
+
+COUNT_KEYS = (
+    "documents",
+    "converted",
+    "failed",
+    "skipped",
+    "dead_letters",
+    "already_converted",
+    "pages",
+    "fallback_pages",
+    "input_tokens",
+    "output_tokens",
+    "server_input_tokens",
+    "server_output_tokens",
+    "attempts",
+)
+METRIC_KEYS = (
+    "elapsed_s",
+    "pages_per_second",
+    "fallback_rate",
+    "latency_p50_s",
+    "latency_p95_s",
+    "accepted_attempt_histogram",
+    "output_tokens_per_page",
+    "cost",
+)
+
+STATUS_LABELS = {
+    "all_converted": "all converted",
+    "some_failed": "some failed",
+    "failed_budget": "failed budget",
+    "empty": "nothing to convert",
+}
+# Values of an explicit run status that mean the run broke its failure budget.
+_BUDGET_STATUSES = {"failed", "failed_budget", "budget_exceeded"}
+# Words that mark a settings or server field as secret; matched against whole parts of the key so
+# ``max_tokens`` stays visible while ``api_key`` and ``access_token`` do not.
+_SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "credentials", "authorization"}
+_EPOCH = datetime.min.replace(tzinfo=UTC)
+
+
+def parse_time(stamp: Any) -> datetime | None:
+    if not isinstance(stamp, str) or not stamp:
+        return None
+    try:
+        parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    return 0
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _computed(data: dict[str, Any]) -> Manifest | None:
+    """The manifest model, when the data has enough of the schema to rebuild it."""
+    defaults = {"run_id": "", "started_at": "", "finished_at": "", "model": "", "prompt_version": ""}
+    try:
+        return Manifest.from_dict({**defaults, **data})
+    except Exception:
+        return None
+
+
+def counts_of(data: dict[str, Any]) -> dict[str, int]:
+    stored = data.get("counts") if isinstance(data.get("counts"), dict) else {}
+    counts = {key: _int(stored[key]) for key in COUNT_KEYS if key in stored}
+    if len(counts) < len(COUNT_KEYS) and (model := _computed(data)) is not None:
+        with contextlib.suppress(Exception):
+            counts = {**model.counts(), **counts}
+    return {key: counts.get(key, 0) for key in COUNT_KEYS}
+
+
+def metrics_of(data: dict[str, Any]) -> dict[str, Any]:
+    stored = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
+    metrics = {key: stored[key] for key in METRIC_KEYS if key in stored}
+    if len(metrics) < len(METRIC_KEYS) and (model := _computed(data)) is not None:
+        # e.g. no parseable timestamps: keep what was stored
+        with contextlib.suppress(Exception):
+            metrics = {**model.metrics(), **metrics}
+    return {key: metrics.get(key) for key in METRIC_KEYS}
+
+
+def run_status(data: dict[str, Any], counts: dict[str, int]) -> str:
+    """all_converted / some_failed / failed_budget / empty.
+
+    The budget verdict comes from an explicit ``status`` or ``budget_exceeded`` field when the
+    manifest has one, else from a run-level threshold in ``settings`` (``max_failed_documents`` as a
+    count or ``max_failed_document_rate`` as a fraction of documents) when one is configured.
+    """
+    status = data.get("status")
+    if (isinstance(status, str) and status.lower() in _BUDGET_STATUSES) or data.get("budget_exceeded") is True:
+        return "failed_budget"
+    failed = counts["failed"]
+    settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
+    max_failed = settings.get("max_failed_documents")
+    max_rate = _float(settings.get("max_failed_document_rate"))
+    if isinstance(max_failed, int) and not isinstance(max_failed, bool) and failed > max_failed:
+        return "failed_budget"
+    if max_rate is not None and counts["documents"] and failed / counts["documents"] > max_rate:
+        return "failed_budget"
+    if failed or counts["dead_letters"]:
+        return "some_failed"
+    if not counts["documents"]:
+        return "empty"
+    return "all_converted"
+
+
+@dataclass
+class RunSummary:
+    """One row of the runs list."""
+
+    key: str
+    run_id: str
+    started_at: str
+    finished_at: str
+    status: str
+    counts: dict[str, int]
+    pages_per_second: float | None
+    fallback_rate: float | None
+    estimated_cost: float | None
+    model: str
+    sort_key: tuple[datetime, str] = field(repr=False, default=(_EPOCH, ""))
+
+    @property
+    def status_label(self) -> str:
+        return STATUS_LABELS.get(self.status, self.status)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("sort_key")
+        data["status_label"] = self.status_label
+        return data
+
+
+def summarize(key: str, data: dict[str, Any]) -> RunSummary:
+    counts = counts_of(data)
+    metrics = metrics_of(data)
+    cost = metrics.get("cost") if isinstance(metrics.get("cost"), dict) else {}
+    finished = _text(data.get("finished_at"))
+    return RunSummary(
+        key=key,
+        run_id=_text(data.get("run_id")) or key,
+        started_at=_text(data.get("started_at")),
+        finished_at=finished,
+        status=run_status(data, counts),
+        counts=counts,
+        pages_per_second=_float(metrics.get("pages_per_second")),
+        fallback_rate=_float(metrics.get("fallback_rate")),
+        estimated_cost=_float(cost.get("estimated_cost")),
+        model=_text(data.get("model")),
+        # Runs without a readable finish time sort after all others.
+        sort_key=(parse_time(finished) or _EPOCH, key),
+    )
+
+
+def scrub(value: Any) -> Any:
+    """A copy without secret-looking fields and without passwords embedded in URLs."""
+    if isinstance(value, dict):
+        cleaned = {}
+        for name, item in value.items():
+            parts = set(str(name).lower().replace("-", "_").split("_"))
+            if parts & _SECRET_WORDS and not str(name).lower().endswith("_set"):
+                cleaned[name] = "***"
+            else:
+                cleaned[name] = scrub(item)
+        return cleaned
+    if isinstance(value, list | tuple):
+        return [scrub(item) for item in value]
+    if isinstance(value, str) and "://" in value and "@" in value:
+        return redact_url(value)
+    return value
+
+
+def task_log_href(task: Any, airflow_base: str = "") -> str | None:
+    """The Airflow 3 UI page of the task instance (its logs), or None without a full task identity."""
+    if not isinstance(task, dict):
+        return None
+    parts = [task.get("dag_id"), task.get("run_id"), task.get("task_id")]
+    if not all(isinstance(part, str) and part for part in parts):
+        return None
+    dag_id, run_id, task_id = (quote(part, safe="") for part in parts)
+    href = f"{airflow_base.rstrip('/')}/dags/{dag_id}/runs/{run_id}/tasks/{task_id}"
+    map_index = task.get("map_index")
+    if isinstance(map_index, int) and not isinstance(map_index, bool) and map_index >= 0:
+        href += f"/mapped/{map_index}"
+    try_number = task.get("try_number")
+    if isinstance(try_number, int) and not isinstance(try_number, bool) and try_number > 0:
+        href += f"?try_number={try_number}"
+    return href
+
+
+@dataclass
+class ProblemRow:
+    """A failed document or a dead letter, as listed on the run page."""
+
+    kind: str
+    source: str
+    error_class: str
+    error: str
+    attempts: int
+    failed_attempts: int
+    log_href: str | None
+
+
+@dataclass
+class RunDetail:
+    summary: RunSummary
+    metrics: dict[str, Any]
+    cost: dict[str, Any] | None
+    model: str
+    prompt_version: str
+    package_version: str
+    schema_version: str
+    server: dict[str, Any]
+    settings: dict[str, Any]
+    input_uri: str
+    output_uri: str
+    problems: list[ProblemRow]
+    progress: list[tuple[float, float]]
+    progress_note: str
+    page_latencies: list[float]
+    failures_by_class: list[tuple[str, int]]
+    attempt_histogram: list[tuple[str, int]]
+
+
+def _entries(data: dict[str, Any], field_name: str) -> list[dict[str, Any]]:
+    entries = data.get(field_name)
+    if not isinstance(entries, list):
+        return []
+    return [entry for entry in entries if isinstance(entry, dict)]
+
+
+def _problem(kind: str, entry: dict[str, Any], airflow_base: str) -> ProblemRow:
+    return ProblemRow(
+        kind=kind,
+        source=_text(entry.get("source")),
+        error_class=_text(entry.get("error_class")),
+        error=_text(entry.get("error")),
+        attempts=_int(entry.get("attempts")),
+        failed_attempts=_int(entry.get("failed_attempts")),
+        log_href=task_log_href(entry.get("task"), airflow_base),
+    )
+
+
+def progress_points(data: dict[str, Any], elapsed_s: float | None) -> tuple[list[tuple[float, float]], str]:
+    """Cumulative converted pages against seconds since the run started, and how they were derived.
+
+    Documents carry no start time, only how long each took, and many run concurrently. When every
+    converted document has a ``finished_at`` stamp, those are used. Otherwise the documents are
+    taken in manifest order and each is placed on the run's wall clock in proportion to the share
+    of all conversion seconds spent up to and including it: the curve's end points are exact, its
+    shape an estimate.
+    """
+    documents = _entries(data, "documents")
+    converted = [doc for doc in documents if doc.get("status") == "converted"]
+    started = parse_time(data.get("started_at"))
+    stamps = [parse_time(doc.get("finished_at")) for doc in converted]
+    if converted and started and all(stamps):
+        timeline = sorted(
+            ((stamp - started).total_seconds(), _int(doc.get("pages")))
+            for stamp, doc in zip(stamps, converted, strict=True)
+            if stamp is not None
+        )
+        points, total = [(0.0, 0.0)], 0
+        for at, pages in timeline:
+            total += pages
+            points.append((max(at, 0.0), float(total)))
+        return points, "Each point is a document's recorded finish time."
+
+    if not converted:
+        return [], "No document was converted in this run."
+    seconds = [max(_float(doc.get("seconds")) or 0.0, 0.0) for doc in documents]
+    busy = sum(seconds)
+    wall = elapsed_s if elapsed_s and elapsed_s > 0 else busy
+    points, clock, pages_total = [(0.0, 0.0)], 0.0, 0
+    for index, (doc, spent) in enumerate(zip(documents, seconds, strict=True)):
+        # Without any timing at all, spread the documents evenly over the run.
+        clock += spent if busy else 1.0
+        fraction = clock / busy if busy else (index + 1) / len(documents)
+        if doc.get("status") == "converted":
+            pages_total += _int(doc.get("pages"))
+            points.append((round(wall * fraction, 3), float(pages_total)))
+    return points, (
+        "Estimated: the manifest has no per-document timestamps, so documents are placed on the "
+        "run's wall clock in manifest order, in proportion to their conversion seconds. "
+        "The final total is exact."
+    )
+
+
+def build_detail(key: str, data: dict[str, Any], airflow_base: str = "") -> RunDetail:
+    summary = summarize(key, data)
+    metrics = metrics_of(data)
+    documents = _entries(data, "documents")
+    dead_letters = _entries(data, "dead_letters")
+
+    problems = [_problem("failed", doc, airflow_base) for doc in documents if doc.get("status") == "failed"]
+    problems += [_problem("dead letter", doc, airflow_base) for doc in dead_letters]
+
+    # A dead letter is usually also this run's failed document: count each source version once.
+    seen: set[tuple[str, str]] = set()
+    failure_classes: Counter[str] = Counter()
+    for doc in [d for d in documents if d.get("status") == "failed"] + dead_letters:
+        identity = (_text(doc.get("source")), _text(doc.get("sha256")))
+        if identity in seen:
+            continue
+        seen.add(identity)
+        failure_classes[_text(doc.get("error_class")) or "unknown"] += 1
+
+    histogram = metrics.get("accepted_attempt_histogram")
+    attempts = (
+        sorted(
+            ((str(attempt), _int(n)) for attempt, n in histogram.items()),
+            key=lambda item: (not item[0].isdigit(), int(item[0]) if item[0].isdigit() else 0, item[0]),
+        )
+        if isinstance(histogram, dict)
+        else []
+    )
+
+    latencies = [
+        value
+        for doc in documents
+        if isinstance(doc.get("page_latencies_s"), list)
+        for value in (_float(v) for v in doc["page_latencies_s"])
+        if value is not None
+    ]
+    progress, progress_note = progress_points(data, _float(metrics.get("elapsed_s")))
+    cost = metrics.get("cost") if isinstance(metrics.get("cost"), dict) else None
+    server = data.get("server")
+    settings = data.get("settings")
+    return RunDetail(
+        summary=summary,
+        metrics=metrics,
+        cost=cost,
+        model=_text(data.get("model")),
+        prompt_version=_text(data.get("prompt_version")),
+        package_version=_text(data.get("package_version")),
+        schema_version=_text(data.get("schema_version")),
+        server=scrub(server) if isinstance(server, dict) else {},
+        settings=scrub(settings) if isinstance(settings, dict) else {},
+        input_uri=scrub(_text(data.get("input_uri"))),
+        output_uri=scrub(_text(data.get("output_uri"))),
+        problems=problems,
+        progress=progress,
+        progress_note=progress_note,
+        page_latencies=latencies,
+        failures_by_class=sorted(failure_classes.items(), key=lambda item: (-item[1], item[0])),
+        attempt_histogram=attempts,
+    )

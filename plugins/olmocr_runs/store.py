@@ -1,0 +1,140 @@
+"""Find and read run manifests under ``OUTPUT/manifests/`` on a local folder or any fsspec URL (s3://).
+
+The pages only ever read ``*.json`` objects directly inside that folder. A run is looked up by the
+name of a file the listing returned, never by a path built from the request, so a crafted run id
+cannot reach anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+
+from olmocr_tasks.manifest import MANIFESTS_DIR
+
+from .runs import RunSummary, summarize
+
+log = logging.getLogger(__name__)
+
+# Reading a cold listing from S3 is latency bound; a few parallel GETs make the first page load
+# bearable without hammering the bucket.
+_READ_WORKERS = 8
+
+
+class ManifestReadError(Exception):
+    """A manifest file exists but is not a readable manifest (bad JSON, not an object, I/O error)."""
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    """One ``manifests/<key>.json`` object as listed."""
+
+    key: str
+    path: str
+    # Changes whenever the object changes (size plus ETag or modification time): the cache key.
+    version: str
+
+
+@dataclass
+class Listing:
+    """Readable runs plus one human-readable note per file that could not be read."""
+
+    runs: list[RunSummary] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+class ManifestStore:
+    """Lists and reads the manifests of one output location, caching each file's summary by version."""
+
+    def __init__(self, output_uri: str) -> None:
+        self.output_uri = output_uri
+        # A private instance: fsspec shares cached instances by arguments only, so one created earlier
+        # with other credentials or endpoint would otherwise be reused.
+        self._fs, root = fsspec.core.url_to_fs(output_uri, skip_instance_cache=True)
+        self._dir = f"{root.rstrip('/')}/{MANIFESTS_DIR}"
+        self._lock = threading.Lock()
+        self._summaries: dict[str, tuple[str, RunSummary | str]] = {}
+
+    @property
+    def display_dir(self) -> str:
+        return f"{self.output_uri.rstrip('/')}/{MANIFESTS_DIR}/"
+
+    def list_files(self) -> list[ManifestFile]:
+        """The manifest files now present; an absent folder means no run has finished yet."""
+        # s3fs caches listings per instance; a new run's manifest must show up on the next reload.
+        self._fs.invalidate_cache(self._dir)
+        try:
+            entries = self._fs.ls(self._dir, detail=True)
+        except FileNotFoundError:
+            return []
+        files = []
+        for info in entries:
+            path = str(info.get("name", ""))
+            name = path.rsplit("/", 1)[-1]
+            if info.get("type") != "file" or not name.endswith(".json") or name.startswith("."):
+                continue
+            version_token = info.get("ETag") or info.get("mtime") or info.get("LastModified") or ""
+            version = f"{info.get('size')}:{version_token}"
+            files.append(ManifestFile(key=name.removesuffix(".json"), path=path, version=version))
+        return files
+
+    def read(self, manifest: ManifestFile) -> dict[str, Any]:
+        try:
+            with self._fs.open(manifest.path, "rb") as handle:
+                data = json.load(handle)
+        except (OSError, ValueError) as exc:
+            raise ManifestReadError(f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ManifestReadError(f"expected a JSON object, found {type(data).__name__}")
+        return data
+
+    def find(self, key: str) -> ManifestFile | None:
+        return next((manifest for manifest in self.list_files() if manifest.key == key), None)
+
+    def listing(self) -> Listing:
+        """Summaries of every manifest, newest first by finished_at; unreadable files become notes."""
+        try:
+            files = self.list_files()
+        except Exception as exc:  # storage errors (credentials, missing bucket) are shown, not raised
+            log.warning("Cannot list %s: %s", self._dir, exc)
+            return Listing(error=f"Cannot list {self.display_dir}: {type(exc).__name__}: {exc}")
+
+        with self._lock:
+            cached = {path: entry for path, entry in self._summaries.items()}
+        stale = [f for f in files if cached.get(f.path, ("",))[0] != f.version]
+        if stale:
+            with ThreadPoolExecutor(max_workers=min(_READ_WORKERS, len(stale))) as pool:
+                for manifest, result in zip(stale, pool.map(self._summarize, stale), strict=True):
+                    cached[manifest.path] = (manifest.version, result)
+        present = {f.path for f in files}
+        with self._lock:
+            # Forget deleted files so the cache never outgrows the folder.
+            self._summaries = {path: entry for path, entry in cached.items() if path in present}
+
+        listing = Listing()
+        for manifest in files:
+            result = cached[manifest.path][1]
+            if isinstance(result, str):
+                listing.notes.append(result)
+            else:
+                listing.runs.append(result)
+        listing.runs.sort(key=lambda run: run.sort_key, reverse=True)
+        listing.notes.sort()
+        return listing
+
+    def _summarize(self, manifest: ManifestFile) -> RunSummary | str:
+        try:
+            return summarize(manifest.key, self.read(manifest))
+        except ManifestReadError as exc:
+            log.warning("Skipping unreadable manifest %s: %s", manifest.path, exc)
+            return f"{MANIFESTS_DIR}/{manifest.key}.json could not be read ({exc}); it is left out."
+        except Exception as exc:  # a manifest of an unexpected shape must not break the list
+            log.exception("Skipping manifest %s", manifest.path)
+            return f"{MANIFESTS_DIR}/{manifest.key}.json has an unexpected shape ({type(exc).__name__}: {exc})."
