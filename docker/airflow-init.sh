@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One-shot setup run by the airflow-init service before the other Airflow components start:
+# database schema, the admin user, and the pool that bounds convert tasks per vLLM deployment.
+# Connections need no setup: they come from the AIRFLOW_CONN_* variables in compose.yaml.
+# Safe to run again: every step is idempotent.
+set -euo pipefail
+
+echo "olmocr-airflow init: migrating the metadata database"
+airflow db migrate
+
+username="${AIRFLOW_ADMIN_USERNAME:-admin}"
+# FAB's "users create" leaves an existing user untouched ("already exist in the db").
+echo "olmocr-airflow init: admin user '${username}'"
+airflow users create \
+    --username "${username}" \
+    --password "${AIRFLOW_ADMIN_PASSWORD:?AIRFLOW_ADMIN_PASSWORD is not set}" \
+    --firstname Admin \
+    --lastname User \
+    --role Admin \
+    --email "${username}@example.com"
+
+slots="${OLMOCR_VLLM_POOL_SLOTS:-8}"
+echo "olmocr-airflow init: pool olmocr_vllm with ${slots} slots"
+airflow pools set olmocr_vllm "${slots}" "Convert tasks running at once against the vLLM deployment"
+
+# A malformed AIRFLOW_CONN_* value would otherwise only surface when the first task runs.
+if airflow connections get olmocr_vllm >/dev/null 2>&1; then
+    echo "olmocr-airflow init: connection olmocr_vllm resolves"
+else
+    echo "olmocr-airflow init: WARNING: connection olmocr_vllm does not resolve; check AIRFLOW_CONN_OLMOCR_VLLM" >&2
+fi
+echo "olmocr-airflow init: done"
