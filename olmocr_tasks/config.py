@@ -37,6 +37,9 @@ class ServerSettings:
     max_concurrent_requests: int = 64
     # Read vLLM's /metrics and shrink the in-flight window when its waiting queue grows.
     adaptive_concurrency: bool = True
+    # The adaptive window never goes below this, and /metrics is read this often to size it.
+    min_concurrent_requests: int = 4
+    metrics_poll_interval_s: float = 1.0
     readiness_timeout_s: float = 60.0
 
     def public_dict(self) -> dict[str, Any]:

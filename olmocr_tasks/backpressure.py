@@ -1,0 +1,218 @@
+"""Adaptive concurrency: size the in-flight window from the inference server's own queue.
+
+olmOCR bounds in-flight requests with one fixed number, so several runs sharing a server each push
+their full quota and vLLM's waiting queue grows without bound (olmOCR issue #317). Here every client
+reads vLLM's ``/metrics`` and runs an AIMD controller over its window: grow while the server's waiting
+queue is short, shrink multiplicatively when it passes a high-water mark. Independent clients doing
+this converge on a short, non-empty queue, which keeps the GPU fed without piling up requests.
+
+This module is pure (no I/O): the client owns the polling; here are the parser, the controller and
+the resizable limiter it adjusts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+RUNNING_METRIC = "vllm:num_requests_running"
+WAITING_METRIC = "vllm:num_requests_waiting"
+
+
+@dataclass(frozen=True)
+class QueueSample:
+    """One replica's scheduler state: requests being generated and requests queued behind them."""
+
+    running: float
+    waiting: float
+
+
+class MetricsFormatError(ValueError):
+    """The text is not a Prometheus exposition carrying vLLM's queue gauges."""
+
+
+def parse_vllm_queue(text: str) -> QueueSample:
+    """Read vLLM's running/waiting gauges from Prometheus text, summed over every label set.
+
+    vLLM labels its gauges (``model_name``, and ``engine`` with data parallelism), so one metric can
+    appear on several lines; the queue of the server is their sum.
+    """
+    totals = {RUNNING_METRIC: 0.0, WAITING_METRIC: 0.0}
+    seen: set[str] = set()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        for name in totals:
+            if not line.startswith(name):
+                continue
+            rest = line[len(name) :]
+            if rest[:1] == "{":
+                rest = _skip_labels(rest)
+            elif rest[:1] not in (" ", "\t"):
+                # A longer metric name sharing the prefix (e.g. ..._waiting_by_reason).
+                continue
+            fields = rest.split()
+            if not fields:
+                raise MetricsFormatError(f"metric {name} has no value")
+            try:
+                value = float(fields[0])
+            except ValueError:
+                raise MetricsFormatError(f"metric {name} has a non-numeric value") from None
+            if math.isfinite(value):
+                totals[name] += value
+            seen.add(name)
+    missing = [name for name in totals if name not in seen]
+    if missing:
+        raise MetricsFormatError(f"metrics lack {', '.join(missing)}")
+    return QueueSample(running=totals[RUNNING_METRIC], waiting=totals[WAITING_METRIC])
+
+
+def _skip_labels(rest: str) -> str:
+    """Return what follows a ``{...}`` label block, respecting quoted values that may contain braces."""
+    in_quotes = False
+    escaped = False
+    for index, char in enumerate(rest):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == '"':
+            in_quotes = not in_quotes
+        elif char == "}" and not in_quotes:
+            return rest[index + 1 :]
+    raise MetricsFormatError("unterminated label block")
+
+
+def target_waiting(running: float) -> float:
+    """The queue depth worth keeping per replica: enough that a finished sequence is replaced at once."""
+    return max(2.0, 0.25 * running)
+
+
+def high_water(running: float) -> float:
+    """Above this many waiting requests per replica the window shrinks."""
+    target = target_waiting(running)
+    return max(2.0 * target, target + 4.0)
+
+
+class AimdController:
+    """Additive-increase / multiplicative-decrease over the in-flight window.
+
+    Starts with slow start (doubling) until the first decrease, as TCP does, so a lone client reaches
+    its ceiling in a few polls; after a decrease it grows by a fixed step. A decrease is followed by
+    a hold-off of a few polls because the queue answers a smaller window only as running sequences
+    finish, and reacting again before then would collapse the window to the floor.
+    """
+
+    def __init__(
+        self,
+        floor: int,
+        ceiling: int,
+        initial: int | None = None,
+        *,
+        decrease_factor: float = 0.7,
+        holdoff_polls: int = 2,
+    ) -> None:
+        self.floor = max(1, min(floor, ceiling))
+        self.ceiling = max(1, ceiling)
+        start = initial if initial is not None else max(self.floor, self.ceiling // 4)
+        self.window = min(self.ceiling, max(self.floor, start))
+        self._step = max(1, self.ceiling // 16)
+        self._decrease_factor = decrease_factor
+        self._holdoff_polls = holdoff_polls
+        self._holdoff = 0
+        self._slow_start = True
+
+    def update(self, samples: Iterable[QueueSample], demand: int) -> int:
+        """Fold one round of per-replica samples into the window and return it.
+
+        ``demand`` is this client's slots in use plus acquirers waiting: growing a window the client
+        does not fill would only let a later burst land on the server all at once.
+        """
+        samples = list(samples)
+        if not samples:
+            return self.window
+        waiting = sum(sample.waiting for sample in samples)
+        target = sum(target_waiting(sample.running) for sample in samples)
+        ceiling_waiting = sum(high_water(sample.running) for sample in samples)
+        if self._holdoff > 0:
+            self._holdoff -= 1
+        if waiting > ceiling_waiting:
+            if self._holdoff == 0:
+                self.window = max(self.floor, math.floor(self.window * self._decrease_factor))
+                self._holdoff = self._holdoff_polls
+                self._slow_start = False
+        elif waiting < target and demand >= self.window:
+            grown = self.window * 2 if self._slow_start else self.window + self._step
+            self.window = min(self.ceiling, grown)
+        return self.window
+
+
+class AdaptiveLimiter:
+    """A FIFO semaphore whose limit can move while slots are held.
+
+    Lowering the limit never interrupts holders: new acquisitions wait until enough slots are
+    released. Raising it wakes waiters at once.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = max(1, limit)
+        self._in_use = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def in_use(self) -> int:
+        return self._in_use
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for waiter in self._waiters if not waiter.done())
+
+    def set_limit(self, limit: int) -> None:
+        self._limit = max(1, limit)
+        self._wake()
+
+    async def acquire(self) -> None:
+        if self._in_use < self._limit and not self._waiters:
+            self._in_use += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        # Waiters already handed a slot stay queued until they resume; a free slot must not wait for that.
+        self._wake()
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                # The slot was handed over just as we were cancelled: pass it on.
+                self._in_use -= 1
+                self._wake()
+            else:
+                waiter.cancel()
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+
+    def release(self) -> None:
+        if self._in_use <= 0:
+            raise RuntimeError("release() without acquire()")
+        self._in_use -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if self._in_use >= self._limit:
+                break
+            if not waiter.done():
+                # Count the slot as taken now so a concurrent fast-path acquire cannot steal it.
+                self._in_use += 1
+                waiter.set_result(None)

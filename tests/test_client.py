@@ -1,0 +1,654 @@
+"""InferenceClient against real HTTP servers on 127.0.0.1: the vLLM stand-in, plus a tiny capture
+server where the exact request on the wire matters."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+from aiohttp import web
+
+from olmocr_tasks.client import AttemptFailed, InferenceClient
+from olmocr_tasks.config import ServerSettings
+from olmocr_tasks.errors import ConfigurationError, ServerNotReady, ServerUnavailable
+from olmocr_tasks.protocol import RequestBodyBuilder
+from tests.fixtures.standin import StandinServer, marked_png
+
+pytestmark = pytest.mark.timeout(60)
+
+T = TypeVar("T")
+SECRET = "sk-test-0123456789abcdef"
+Factory = Callable[..., StandinServer]
+
+
+def run(coro: Awaitable[T]) -> T:
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, 45)
+
+    return asyncio.run(bounded())
+
+
+def fast_settings(*servers: StandinServer | str, **overrides: Any) -> ServerSettings:
+    """Seconds instead of minutes everywhere, so failure paths run quickly."""
+    urls = tuple(server if isinstance(server, str) else server.url for server in servers)
+    values: dict[str, Any] = {
+        "base_urls": urls,
+        "connect_timeout_s": 1.0,
+        "read_timeout_s": 3.0,
+        "write_timeout_s": 3.0,
+        "request_retry_budget_s": 1.0,
+        "backoff_initial_s": 0.02,
+        "backoff_max_s": 0.2,
+        "outage_window_s": 5.0,
+        "max_concurrent_requests": 16,
+        "adaptive_concurrency": False,
+        "readiness_timeout_s": 2.0,
+        "metrics_poll_interval_s": 0.1,
+    }
+    values.update(overrides)
+    return ServerSettings(**values)
+
+
+_BUILDER = RequestBodyBuilder(ServerSettings().model)
+
+
+@functools.cache
+def _marked(doc: int, page: int) -> bytes:
+    return marked_png(doc, page, as_base64=True)
+
+
+def page_body(doc: int = 1, page: int = 1, builder: RequestBodyBuilder = _BUILDER) -> bytes:
+    return builder.build(_marked(doc, page), 0.1)
+
+
+def content_of(answer: dict[str, Any]) -> str:
+    return answer["choices"][0]["message"]["content"]
+
+
+# -- the exact request ---------------------------------------------------------------------------
+
+
+class CaptureServer:
+    """Answers every completion with a fixed JSON and keeps what it received."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> CaptureServer:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}/v1"
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.seen.append(
+            {
+                "method": request.method,
+                "path": request.path_qs,
+                "headers": dict(request.headers),
+                "body": await request.read(),
+                "version": request.version,
+            }
+        )
+        return web.json_response({"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]})
+
+
+def test_success_sends_body_bytes_untouched_with_bearer_key() -> None:
+    body = page_body(3, 7)
+
+    async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        async with CaptureServer() as server:
+            async with InferenceClient(fast_settings(server.url, api_key=SECRET)) as client:
+                answer = await client.complete(body)
+            return answer, server.seen
+
+    answer, seen = run(scenario())
+    assert answer == {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}
+    (request,) = seen
+    assert request["method"] == "POST"
+    assert request["path"] == "/v1/chat/completions"
+    assert (request["version"].major, request["version"].minor) == (1, 1)
+    assert request["headers"]["Content-Type"] == "application/json"
+    assert request["headers"]["Authorization"] == f"Bearer {SECRET}"
+    assert request["headers"]["Content-Length"] == str(len(body))
+    assert request["body"] == body
+
+
+def test_success_against_standin_names_the_page(standin_factory: Factory) -> None:
+    server = standin_factory(api_key=SECRET)
+    body = page_body(4, 2)
+
+    async def scenario() -> tuple[dict[str, Any], Any]:
+        async with InferenceClient(fast_settings(server, api_key=SECRET)) as client:
+            models = await client.check_ready()
+            assert models == [server.model]
+            answer = await client.complete(body)
+            return answer, client.stats()
+
+    answer, stats = run(scenario())
+    assert "document 4 page 2" in content_of(answer)
+    assert server.bodies() == [body]
+    assert stats.requests == 1 and stats.retries == 0 and stats.outcomes == {"ok": 1}
+    assert stats.in_flight == 0 and stats.slots_in_use == 0
+    assert SECRET not in repr(stats)
+
+
+# -- retried failures ----------------------------------------------------------------------------
+
+
+def test_500_503_429_and_drop_are_retried_until_success(standin_factory: Factory) -> None:
+    server = standin_factory(scripts={"1:1": ["500", "503", "429", "drop", "ok"]}, retry_after_s=1)
+
+    async def scenario() -> tuple[dict[str, Any], float, Any]:
+        async with InferenceClient(fast_settings(server, backoff_max_s=2.0, request_retry_budget_s=10)) as client:
+            started = time.monotonic()
+            answer = await client.complete(page_body(1, 1))
+            return answer, time.monotonic() - started, client.stats()
+
+    answer, elapsed, stats = run(scenario())
+    assert "document 1 page 1" in content_of(answer)
+    assert [r["outcome"] for r in server.requests()] == ["500", "503", "429", "drop", "ok"]
+    assert stats.retries == 4
+    assert stats.outcomes == {"http_5xx": 2, "http_429": 1, "transport": 1, "ok": 1}
+    # Retry-After: 1 was honoured although the exponential backoff alone is far shorter.
+    assert elapsed >= 1.0
+
+
+def test_retry_after_is_capped_by_backoff_max(standin_factory: Factory) -> None:
+    server = standin_factory(scripts={"1:1": ["429", "ok"]}, retry_after_s=60)
+
+    async def scenario() -> float:
+        async with InferenceClient(fast_settings(server, backoff_max_s=0.3)) as client:
+            started = time.monotonic()
+            await client.complete(page_body(1, 1))
+            return time.monotonic() - started
+
+    assert run(scenario()) < 2.0
+
+
+def test_hang_hits_read_timeout_and_is_retried(standin_factory: Factory) -> None:
+    server = standin_factory(scripts={"1:1": ["hang", "ok"]})
+
+    async def scenario() -> tuple[float, Any]:
+        async with InferenceClient(fast_settings(server, read_timeout_s=0.5, request_retry_budget_s=5)) as client:
+            started = time.monotonic()
+            await client.complete(page_body(1, 1))
+            return time.monotonic() - started, client.stats()
+
+    elapsed, stats = run(scenario())
+    assert 0.5 <= elapsed < 3.0
+    assert stats.outcomes == {"timeout": 1, "ok": 1}
+
+
+# -- failures that are the page's or the configuration's -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("builder", "status"),
+    [
+        (RequestBodyBuilder(ServerSettings().model, max_tokens=20000), "HTTP 400"),  # over the context
+        (RequestBodyBuilder("some/other-model"), "HTTP 404"),  # model not served
+    ],
+)
+def test_4xx_is_one_failed_attempt_at_once(standin: StandinServer, builder: RequestBodyBuilder, status: str) -> None:
+    async def scenario() -> AttemptFailed:
+        async with InferenceClient(fast_settings(standin)) as client:
+            with pytest.raises(AttemptFailed) as caught:
+                await client.complete(page_body(1, 1, builder))
+            return caught.value
+
+    error = run(scenario())
+    assert error.reason.startswith(status)
+    assert len(standin.requests()) == 1
+
+
+def test_200_with_broken_json_is_a_failed_attempt(standin_factory: Factory) -> None:
+    server = standin_factory(scripts={"1:1": ["bad_json"]})
+
+    async def scenario() -> None:
+        async with InferenceClient(fast_settings(server)) as client:
+            with pytest.raises(AttemptFailed, match="not JSON"):
+                await client.complete(page_body(1, 1))
+
+    run(scenario())
+    assert len(server.requests()) == 1
+
+
+def test_wrong_api_key_raises_server_not_ready_without_the_key(standin_factory: Factory) -> None:
+    server = standin_factory(api_key="the-right-key-123")
+
+    async def scenario() -> None:
+        async with InferenceClient(fast_settings(server, api_key=SECRET)) as client:
+            with pytest.raises(ServerNotReady) as caught:
+                await client.complete(page_body(1, 1))
+            assert "401" in str(caught.value) and "API key" in str(caught.value)
+            assert SECRET not in str(caught.value)
+            assert SECRET not in repr(client.stats())
+
+    run(scenario())
+    assert len(server.requests()) == 1
+
+
+def test_budget_spent_on_one_failing_request_while_others_succeed(standin_factory: Factory) -> None:
+    server = standin_factory(always={"1:1": "500"}, latency_s=0.02)
+
+    async def scenario() -> tuple[AttemptFailed, int, Any]:
+        async with InferenceClient(fast_settings(server, request_retry_budget_s=0.8)) as client:
+            done = asyncio.Event()
+            succeeded = 0
+
+            async def healthy_traffic() -> None:
+                nonlocal succeeded
+                page = 0
+                while not done.is_set():
+                    page += 1
+                    await client.complete(page_body(2, page))
+                    succeeded += 1
+
+            traffic = asyncio.ensure_future(healthy_traffic())
+            started = time.monotonic()
+            with pytest.raises(AttemptFailed) as caught:
+                await client.complete(page_body(1, 1))
+            elapsed = time.monotonic() - started
+            done.set()
+            await traffic
+            # It gives up when the next backoff sleep (at most 0.2 s) would end past the budget.
+            assert 0.6 <= elapsed < 3.0
+            return caught.value, succeeded, client.stats()
+
+    error, succeeded, stats = run(scenario())
+    assert error.reason.startswith("transport: HTTP 500")
+    assert succeeded > 5
+    assert not stats.breaker_open
+    assert stats.outcomes["budget_exhausted"] == 1
+
+
+# -- outages -------------------------------------------------------------------------------------
+
+
+def test_outage_longer_than_window_aborts_every_pending_call_promptly(standin_factory: Factory) -> None:
+    server = standin_factory()
+    window = 1.5
+
+    async def scenario() -> tuple[list[BaseException | dict[str, Any]], float, Any]:
+        # Budget far below the window, backoff sleeps far above it: calls must neither give up as
+        # failed attempts nor sleep past the moment the breaker opens.
+        settings = fast_settings(
+            server, outage_window_s=window, request_retry_budget_s=0.2, backoff_initial_s=1.0, backoff_max_s=10.0
+        )
+        async with InferenceClient(settings) as client:
+            await client.complete(page_body(9, 1))  # warm connection pool
+            server.refuse_for(None)
+            started = time.monotonic()
+            results = await asyncio.gather(
+                *(client.complete(page_body(1, page)) for page in range(1, 9)), return_exceptions=True
+            )
+            elapsed = time.monotonic() - started
+            with pytest.raises(ServerUnavailable):
+                await client.complete(page_body(1, 99))
+            with pytest.raises(ServerUnavailable):
+                async with client.slot():
+                    pass
+            return results, elapsed, client.stats()
+
+    results, elapsed, stats = run(scenario())
+    assert all(isinstance(result, ServerUnavailable) for result in results), results
+    assert window <= elapsed < window + 1.5
+    assert stats.breaker_open
+    assert "budget_exhausted" not in stats.outcomes
+    assert "no request succeeded" in str(results[0])
+
+
+def test_callers_queued_for_a_slot_learn_of_the_outage_before_rendering(standin_factory: Factory) -> None:
+    server = standin_factory()
+
+    async def scenario() -> tuple[list[BaseException | None], int]:
+        settings = fast_settings(server, outage_window_s=0.8, max_concurrent_requests=2)
+        async with InferenceClient(settings) as client:
+            server.refuse_for(None)
+            rendered = 0
+
+            async def page_worker(page: int) -> None:
+                nonlocal rendered
+                async with client.slot():
+                    rendered += 1  # stands for rendering the page image
+                    await client.complete(page_body(1, page))
+
+            results = await asyncio.gather(*(page_worker(page) for page in range(1, 7)), return_exceptions=True)
+            return results, rendered
+
+    results, rendered = run(scenario())
+    assert all(isinstance(result, ServerUnavailable) for result in results), results
+    assert rendered == 2  # only the two slot holders rendered; the four queued callers did not
+
+
+def test_bad_base_url_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="http"):
+        InferenceClient(fast_settings("localhost:8000/v1"))
+
+
+def test_outage_shorter_than_window_is_ridden_out(standin_factory: Factory) -> None:
+    server = standin_factory(latency_s=0.02)
+
+    async def scenario() -> tuple[list[dict[str, Any]], Any]:
+        settings = fast_settings(server, outage_window_s=4.0, request_retry_budget_s=0.3, backoff_max_s=0.3)
+        async with InferenceClient(settings) as client:
+            server.refuse_for(1.2)
+            answers = await asyncio.gather(*(client.complete(page_body(1, page)) for page in range(1, 9)))
+            return answers, client.stats()
+
+    answers, stats = run(scenario())
+    assert [f"document 1 page {page}." in content_of(answer) for page, answer in enumerate(answers, 1)] == [True] * 8
+    assert not stats.breaker_open
+    assert stats.outcomes["connect"] > 0 and stats.outcomes["ok"] == 8
+
+
+def test_stalled_server_opens_breaker_after_window(standin_factory: Factory) -> None:
+    server = standin_factory()
+
+    async def scenario() -> tuple[list[BaseException | dict[str, Any]], float]:
+        settings = fast_settings(server, outage_window_s=1.5, read_timeout_s=0.4, request_retry_budget_s=0.2)
+        async with InferenceClient(settings) as client:
+            server.stall_for(None)
+            started = time.monotonic()
+            results = await asyncio.gather(
+                *(client.complete(page_body(1, page)) for page in range(1, 5)), return_exceptions=True
+            )
+            return results, time.monotonic() - started
+
+    results, elapsed = run(scenario())
+    assert all(isinstance(result, ServerUnavailable) for result in results), results
+    assert 1.5 <= elapsed < 3.0
+    assert "ReadTimeout" in str(results[0])
+
+
+def test_abandoned_failing_call_does_not_open_breaker_later(standin_factory: Factory) -> None:
+    server = standin_factory()
+
+    async def scenario() -> dict[str, Any]:
+        settings = fast_settings(server, outage_window_s=1.0)
+        async with InferenceClient(settings) as client:
+            server.refuse_for(None)
+            pending = asyncio.ensure_future(client.complete(page_body(1, 1)))
+            await asyncio.sleep(0.3)
+            pending.cancel()
+            server.resume()
+            # Nobody is failing any more: the outage clock must have stopped.
+            await asyncio.sleep(1.2)
+            return await client.complete(page_body(1, 2))
+
+    assert "document 1 page 2" in content_of(run(scenario()))
+
+
+def test_outage_message_carries_no_credentials(standin_factory: Factory) -> None:
+    server = standin_factory()
+    url = server.url.replace("http://", "http://reader:url-password-42@")
+
+    async def scenario() -> None:
+        async with InferenceClient(fast_settings(url, api_key=SECRET, outage_window_s=0.5)) as client:
+            server.refuse_for(None)
+            with pytest.raises(ServerUnavailable) as caught:
+                await client.complete(page_body(1, 1))
+            text = str(caught.value) + repr(client.stats())
+            assert "url-password-42" not in text and SECRET not in text
+            assert "reader:***@" in repr(client.stats())
+
+    run(scenario())
+
+
+# -- readiness -----------------------------------------------------------------------------------
+
+
+def test_readiness_waits_for_a_starting_server(standin_factory: Factory) -> None:
+    server = standin_factory()
+
+    async def scenario() -> list[str]:
+        async with InferenceClient(fast_settings(server, readiness_timeout_s=5.0)) as client:
+            server.refuse_for(1.0)
+            return await client.check_ready()
+
+    assert run(scenario()) == [server.model]
+
+
+def test_readiness_reports_unreachable_server(standin_factory: Factory) -> None:
+    server = standin_factory()
+    server.refuse_for(None)
+
+    async def scenario() -> None:
+        async with InferenceClient(fast_settings(server, readiness_timeout_s=0.5)) as client:
+            with pytest.raises(ServerNotReady) as caught:
+                await client.check_ready()
+            message = str(caught.value)
+            assert server.url in message and "ConnectError" in message
+
+    run(scenario())
+
+
+def test_readiness_reports_the_models_served(standin_factory: Factory) -> None:
+    server = standin_factory(model="someone/else-7B")
+
+    async def scenario() -> None:
+        async with InferenceClient(fast_settings(server, readiness_timeout_s=5.0)) as client:
+            started = time.monotonic()
+            with pytest.raises(ServerNotReady) as caught:
+                await client.check_ready()
+            assert time.monotonic() - started < 1.0  # a configuration error is not waited out
+            assert str(caught.value).endswith(f"serves someone/else-7B; configured model is {ServerSettings().model}")
+
+    run(scenario())
+
+
+def test_readiness_reports_a_bad_api_key(standin_factory: Factory) -> None:
+    server = standin_factory(api_key="the-right-key-123")
+
+    async def scenario() -> None:
+        async with InferenceClient(fast_settings(server, api_key=SECRET)) as client:
+            with pytest.raises(ServerNotReady, match="API key") as caught:
+                await client.check_ready()
+            assert SECRET not in str(caught.value) and "401" in str(caught.value)
+
+    run(scenario())
+
+
+def test_readiness_goes_on_with_the_replicas_that_are_up(
+    standin_factory: Factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    up, down = standin_factory(), standin_factory()
+    down.refuse_for(None)
+
+    async def scenario() -> tuple[list[str], Any]:
+        async with InferenceClient(fast_settings(up, down, readiness_timeout_s=0.5)) as client:
+            models = await client.check_ready()
+            await client.complete(page_body(1, 1))
+            return models, client.stats()
+
+    with caplog.at_level(logging.WARNING, logger="olmocr_tasks.client"):
+        models, stats = run(scenario())
+    assert models == [up.model]
+    assert stats.replicas[1].cooling_off and stats.replicas[1].requests == 0
+    assert any(down.url in record.getMessage() for record in caplog.records)
+
+
+# -- replicas ------------------------------------------------------------------------------------
+
+
+def test_least_outstanding_favours_the_faster_replica(standin_factory: Factory) -> None:
+    fast, slow = standin_factory(latency_s=0.02), standin_factory(latency_s=0.25)
+
+    async def scenario() -> Any:
+        async with InferenceClient(fast_settings(fast, slow, max_concurrent_requests=4)) as client:
+            await asyncio.gather(*(client.complete(page_body(1, page)) for page in range(1, 41)))
+            return client.stats()
+
+    stats = run(scenario())
+    fast_count, slow_count = (replica.successes for replica in stats.replicas)
+    assert fast_count + slow_count == 40
+    assert fast_count > 3 * slow_count > 0
+
+
+def test_killed_replica_mid_run_costs_no_page(standin_factory: Factory) -> None:
+    survivor, victim = standin_factory(latency_s=0.05), standin_factory(latency_s=0.05)
+
+    async def scenario() -> tuple[list[dict[str, Any]], Any]:
+        async with InferenceClient(fast_settings(survivor, victim, max_concurrent_requests=8)) as client:
+
+            async def kill_after_some_work() -> None:
+                while client.stats().replicas[1].successes < 5:
+                    await asyncio.sleep(0.01)
+                await asyncio.to_thread(victim.stop)
+
+            killer = asyncio.ensure_future(kill_after_some_work())
+            answers = await asyncio.gather(*(client.complete(page_body(1, page)) for page in range(1, 61)))
+            await killer
+            return answers, client.stats()
+
+    answers, stats = run(scenario())
+    assert len(answers) == 60
+    assert all(f"document 1 page {page}." in content_of(a) for page, a in enumerate(answers, 1))
+    survivor_stats, victim_stats = stats.replicas
+    assert victim_stats.successes >= 5 and victim_stats.cooling_off
+    assert survivor_stats.successes + victim_stats.successes == 60
+    assert not stats.breaker_open and "budget_exhausted" not in stats.outcomes
+
+
+# -- adaptive window -----------------------------------------------------------------------------
+
+
+async def _load(client: InferenceClient, pages: int, callers: int) -> list[int]:
+    """``callers`` page workers through ``pages`` requests; returns the window seen after each answer.
+
+    One body serves every request: these tests are about flow, and encoding a page image per request
+    would cost more CPU than the client itself.
+    """
+    body = page_body(1, 1)
+    remaining = iter(range(pages))
+    windows: list[int] = []
+
+    async def worker() -> None:
+        for _ in remaining:
+            async with client.slot():
+                await client.complete(body)
+            windows.append(client.stats().window)
+
+    await asyncio.gather(*(worker() for _ in range(callers)))
+    return windows
+
+
+def test_adaptive_window_grows_while_the_server_keeps_up(standin_factory: Factory) -> None:
+    server = standin_factory(capacity=64, latency_s=0.3, identify=False)
+
+    async def scenario() -> tuple[list[int], Any]:
+        settings = fast_settings(server, adaptive_concurrency=True, max_concurrent_requests=32)
+        async with InferenceClient(settings) as client:
+            assert client.stats().window == 8
+            windows = await _load(client, pages=160, callers=40)
+            return windows, client.stats()
+
+    windows, stats = run(scenario())
+    assert stats.window_mode == "adaptive"
+    assert max(windows) == 32
+    # The initial window of 8 alone could never have put more than 8 requests on the server.
+    assert server.stats()["max_running"] > 12
+
+
+def test_adaptive_window_shrinks_to_keep_the_queue_short(standin_factory: Factory) -> None:
+    server = standin_factory(capacity=2, latency_s=0.04, identify=False)
+
+    async def scenario() -> tuple[list[int], Any]:
+        settings = fast_settings(
+            server, adaptive_concurrency=True, max_concurrent_requests=64, min_concurrent_requests=2
+        )
+        async with InferenceClient(settings) as client:
+            assert client.stats().window == 16
+            windows = await _load(client, pages=120, callers=40)
+            return windows, client.stats()
+
+    windows, stats = run(scenario())
+    # A window of 16 keeps 14 requests queued on a server that runs 2; the adaptive window settles
+    # where the queue stays between the target (2) and the high-water mark (6).
+    assert windows[-1] <= 8
+    assert stats.replicas[0].waiting is not None and stats.replicas[0].waiting <= 6
+
+
+def test_two_clients_sharing_a_server_converge_to_a_bounded_queue(standin_factory: Factory) -> None:
+    server = standin_factory(capacity=4, latency_s=0.04, identify=False)
+
+    async def scenario() -> list[tuple[float, int]]:
+        settings = fast_settings(
+            server, adaptive_concurrency=True, max_concurrent_requests=32, min_concurrent_requests=2
+        )
+        # Two clients stand for two DAG runs; with fixed windows they would queue 60 requests.
+        async with InferenceClient(settings) as first, InferenceClient(settings) as second:
+            samples: list[tuple[float, int]] = []
+            both_busy = True
+
+            async def sample() -> None:
+                while both_busy:
+                    waiting = first.stats().replicas[0].waiting
+                    if waiting is not None:
+                        samples.append((waiting, first.stats().window + second.stats().window))
+                    await asyncio.sleep(0.05)
+
+            sampler = asyncio.ensure_future(sample())
+            loads = [asyncio.ensure_future(_load(client, pages=120, callers=30)) for client in (first, second)]
+            # Once one run ends the other rightly takes its share; judge only while both compete.
+            await asyncio.wait(loads, return_when=asyncio.FIRST_COMPLETED)
+            both_busy = False
+            await asyncio.gather(sampler, *loads)
+            return samples
+
+    samples = run(scenario())
+    settled = samples[len(samples) // 2 :]
+    assert settled, "no metrics sample was taken"
+    waiting = sorted(sample[0] for sample in settled)
+    windows = sorted(sample[1] for sample in settled)
+    assert waiting[len(waiting) // 2] <= 6
+    assert windows[len(windows) // 2] <= 12
+
+
+def test_metrics_absent_falls_back_to_fixed_window(standin_factory: Factory, caplog: pytest.LogCaptureFixture) -> None:
+    server = standin_factory(metrics=False, identify=False)
+
+    async def scenario() -> Any:
+        settings = fast_settings(server, adaptive_concurrency=True, max_concurrent_requests=12)
+        async with InferenceClient(settings) as client:
+            await _load(client, pages=20, callers=4)
+            await asyncio.sleep(0.3)
+            return client.stats()
+
+    with caplog.at_level(logging.INFO, logger="olmocr_tasks.client"):
+        stats = run(scenario())
+    assert stats.window_mode == "fixed" and stats.window == 12
+    fallbacks = [record for record in caplog.records if "fixed window" in record.getMessage()]
+    assert len(fallbacks) == 1
+    assert server.stats()["endpoint_hits"]["/metrics"] == 1
+
+
+def test_fixed_window_when_adaptive_is_off(standin_factory: Factory) -> None:
+    server = standin_factory(capacity=64, latency_s=0.1, identify=False)
+
+    async def scenario() -> Any:
+        async with InferenceClient(fast_settings(server, max_concurrent_requests=6)) as client:
+            await _load(client, pages=30, callers=20)
+            return client.stats()
+
+    stats = run(scenario())
+    assert stats.window_mode == "fixed" and stats.window == 6
+    assert server.stats()["max_running"] == 6
+    assert "/metrics" not in server.stats()["endpoint_hits"]
