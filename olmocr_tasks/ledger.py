@@ -1,0 +1,365 @@
+"""What has been converted, as small state objects under ``OUTPUT/_state/`` (no database).
+
+Three questions, three kinds of object, all partitioned by a *conversion key* (model, prompt
+version, render settings) so that a new model starts from a clean slate while the old state stays
+readable::
+
+    _state/<conv>/sources/<source-id>/<fingerprint>.done             converted (JSON: outputs, sha256)
+    _state/<conv>/sources/<source-id>/<fingerprint>.failed.<run>     one failed run (JSON: error)
+    _state/<conv>/content/<sha256>.json                              these bytes were converted once
+    _state/<conv>/conversion.json                                    what the key stands for (optional)
+
+* *Is this listed object done?* The status is encoded in key names, so **one paginated listing** of
+  ``_state/<conv>/sources/`` answers it for every object of a discovery (``Ledger.snapshot``); no
+  per-object GET. The source id is a hash of the URI and the fingerprint a hash of (size, ETag) on
+  S3 or (size, mtime) locally: new content under the same key has a new fingerprint and is "new".
+* *Has a copy of these bytes been converted under another name?* Asked once per new document after
+  download, when its SHA-256 is known (``Ledger.find_content``): renamed or re-uploaded copies are not
+  converted twice.
+* *How often has this version failed?* One marker per failing run: names are unique per run, so two
+  runs writing at once never overwrite each other's count, and a retried task of the same run
+  overwrites its own marker instead of counting twice. ``done`` always wins over failures.
+
+Every write is a whole-object atomic PUT or rename of a uniquely named object; concurrent runs may
+duplicate work but never corrupt state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from olmocr_tasks.manifest import utc_now
+from olmocr_tasks.storage import ObjectInfo, Storage, is_s3, join_uri, local_path
+
+STATE_DIR = "_state"
+SOURCES_DIR = "sources"
+CONTENT_DIR = "content"
+# Version of the state layout, part of every conversion key: a layout change starts a new partition.
+LAYOUT_VERSION = 1
+MAX_ERROR_CHARS = 2000
+
+Status = Literal["new", "done"] | tuple[Literal["failed"], int]
+
+_DONE = -1
+_MARKER = re.compile(r"^(?P<fp>[0-9a-f]{16})\.(?:(?P<done>done)|failed\.(?P<run>[0-9a-f]{12}))$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def conversion_key(
+    model: str,
+    prompt_version: str,
+    target_longest_image_dim: int,
+    *,
+    extra: Mapping[str, Any] | None = None,
+) -> str:
+    """A short stable hash of everything that changes what a conversion produces.
+
+    ``extra`` holds further output-shaping settings (e.g. ``{"max_tokens": 8000}``); its keys must
+    not collide with the named arguments.
+    """
+    settings: dict[str, Any] = dict(extra or {})
+    settings.update(
+        layout=LAYOUT_VERSION,
+        model=model,
+        prompt_version=prompt_version,
+        target_longest_image_dim=int(target_longest_image_dim),
+    )
+    canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha1(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def source_id(uri: str) -> str:
+    """A fixed-length name for a source URI; local sources are compared as absolute paths."""
+    canonical = uri if is_s3(uri) else os.path.abspath(local_path(uri))
+    return hashlib.sha1(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def fingerprint(info: ObjectInfo) -> str:
+    """Identity of one version of an object, from listing metadata alone (no download).
+
+    S3: size + ETag, so re-uploading identical bytes (same ETag) is still "done". Local: size + mtime.
+    """
+    identity = info.etag if info.etag else f"mtime:{info.last_modified.isoformat()}"
+    return hashlib.sha1(f"{info.size}\x00{identity}".encode()).hexdigest()[:16]
+
+
+def _run_token(run_id: str) -> str:
+    return hashlib.sha1(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class ContentRecord:
+    """The first conversion of a given content (SHA-256) under one conversion key."""
+
+    sha256: str
+    source: str
+    outputs: dict[str, str]
+    run_id: str
+    at: str
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    source: str
+    error_class: str
+    error: str
+    run_id: str
+    at: str
+
+
+class LedgerSnapshot:
+    """The state of every source version at the time of one listing."""
+
+    def __init__(self, versions: dict[str, int]) -> None:
+        # "<source-id>/<fingerprint>" → -1 when done, else the number of failed runs.
+        self._versions = versions
+
+    def status(self, info: ObjectInfo) -> Status:
+        """``"new"``, ``"done"`` or ``("failed", n)`` for this exact version of the object."""
+        value = self._versions.get(_version_key(info))
+        if value is None:
+            return "new"
+        if value == _DONE:
+            return "done"
+        return ("failed", value)
+
+    def failures(self, info: ObjectInfo) -> int:
+        value = self._versions.get(_version_key(info), 0)
+        return 0 if value == _DONE else value
+
+    def is_dead_letter(self, info: ObjectInfo, max_attempts: int) -> bool:
+        """Failed in at least ``max_attempts`` runs and never converted: not to be tried again."""
+        return self.failures(info) >= max_attempts
+
+    @property
+    def done_count(self) -> int:
+        return sum(1 for value in self._versions.values() if value == _DONE)
+
+    @property
+    def failed_count(self) -> int:
+        return sum(1 for value in self._versions.values() if value > 0)
+
+    def __len__(self) -> int:
+        return len(self._versions)
+
+
+def _version_key(info: ObjectInfo) -> str:
+    return f"{source_id(info.uri)}/{fingerprint(info)}"
+
+
+class Ledger:
+    """Reads and writes the state of one output prefix for one conversion key."""
+
+    def __init__(
+        self,
+        output_uri: str,
+        storage: Storage,
+        conversion_key: str,
+        *,
+        description: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", conversion_key):
+            raise ValueError(f"conversion key must be a short token, got {conversion_key!r}")
+        self.output_uri = output_uri
+        self.storage = storage
+        self.conversion_key = conversion_key
+        self.state_uri = join_uri(output_uri, STATE_DIR, conversion_key)
+        self._sources_uri = join_uri(self.state_uri, SOURCES_DIR)
+        self._description = dict(description) if description else None
+
+    # ------------------------------------------------------------------------------- reading
+
+    def snapshot(self) -> LedgerSnapshot:
+        """Status of every known source version from one paginated listing of the state prefix."""
+        versions: dict[str, int] = {}
+        prefix_length = len(self._sources_uri.rstrip("/")) + 1
+        for info in self.storage.list_objects(self._sources_uri):
+            source_part, _, name = info.uri[prefix_length:].partition("/")
+            match = _MARKER.match(name)
+            if not match or "/" in name:
+                continue  # not ours (or a future layout): ignore rather than guess
+            key = f"{source_part}/{match['fp']}"
+            current = versions.get(key, 0)
+            if match["done"]:
+                versions[key] = _DONE
+            elif current != _DONE:
+                versions[key] = current + 1
+        return LedgerSnapshot(versions)
+
+    def status(self, info: ObjectInfo) -> Status:
+        """The status of one object from a small listing of its own state folder."""
+        return self._source_snapshot(info).status(info)
+
+    def failure_count(self, info: ObjectInfo) -> int:
+        return self._source_snapshot(info).failures(info)
+
+    def find_content(self, sha256: str, *, verify_outputs: bool = True) -> ContentRecord | None:
+        """The earlier conversion of identical bytes, if any and if its outputs still hold them.
+
+        With ``verify_outputs`` the recorded Dolma output must exist and still carry this SHA-256
+        (its key may since have been overwritten by a changed source of the same name).
+        """
+        if not _HEX64.match(sha256):
+            raise ValueError(f"not a hex SHA-256: {sha256!r}")
+        raw = self.storage.read_bytes_or_none(self._content_uri(sha256))
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+            record = ContentRecord(
+                sha256=data["sha256"],
+                source=data["source"],
+                outputs=dict(data.get("outputs") or {}),
+                run_id=data.get("run_id", ""),
+                at=data.get("at", ""),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None  # a damaged record only costs a reconversion
+        if record.sha256 != sha256:
+            return None
+        if verify_outputs and not self._outputs_hold(record):
+            return None
+        return record
+
+    def last_failure(self, info: ObjectInfo) -> FailureRecord | None:
+        """The most recent failure of this object version (for dead-letter reports)."""
+        folder = join_uri(self._sources_uri, source_id(info.uri))
+        wanted = fingerprint(info) + ".failed."
+        markers = [item for item in self.storage.list_objects(folder) if item.uri.rsplit("/", 1)[-1].startswith(wanted)]
+        if not markers:
+            return None
+        latest = max(markers, key=lambda item: (item.last_modified, item.uri))
+        raw = self.storage.read_bytes_or_none(latest.uri)
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+            return FailureRecord(
+                source=data["source"],
+                error_class=data["error_class"],
+                error=data.get("error", ""),
+                run_id=data.get("run_id", ""),
+                at=data.get("at", ""),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    # ------------------------------------------------------------------------------- writing
+
+    def mark_done(
+        self,
+        info: ObjectInfo,
+        sha256: str,
+        outputs: Mapping[str, str],
+        run_id: str,
+        *,
+        duplicate_of: str | None = None,
+    ) -> None:
+        """Record this object version as converted (``duplicate_of``: it reused that source's outputs)."""
+        self._describe()
+        now = utc_now()
+        payload: dict[str, Any] = {
+            **_object_fields(info),
+            "sha256": sha256,
+            "outputs": dict(outputs),
+            "run_id": run_id,
+            "at": now,
+        }
+        if duplicate_of:
+            payload["duplicate_of"] = duplicate_of
+        # The content record first: if we die between the two writes, the next run sees "new",
+        # downloads, finds the content record and skips the conversion anyway.
+        content_uri = self._content_uri(sha256)
+        if not self.storage.exists(content_uri):
+            # First writer wins in spirit; a concurrent overwrite names an equally valid conversion.
+            content = {"sha256": sha256, "source": info.uri, "outputs": dict(outputs), "run_id": run_id, "at": now}
+            self.storage.write_bytes_atomic(content_uri, _json(content), content_type="application/json")
+        self.storage.write_bytes_atomic(self._marker_uri(info, "done"), _json(payload), content_type="application/json")
+
+    def mark_failed(self, info: ObjectInfo, error_class: str, error: str, run_id: str) -> int:
+        """Record that this run failed to convert the object version; returns the failed-run count.
+
+        ``error`` must already be free of secrets. Marking twice in the same run counts once.
+        """
+        self._describe()
+        payload = {
+            **_object_fields(info),
+            "error_class": error_class,
+            "error": error[:MAX_ERROR_CHARS],
+            "run_id": run_id,
+            "at": utc_now(),
+        }
+        self.storage.write_bytes_atomic(
+            self._marker_uri(info, "failed." + _run_token(run_id)), _json(payload), content_type="application/json"
+        )
+        # Count from storage, not from memory: other runs may have failed it meanwhile.
+        return max(1, self.failure_count(info))
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _source_snapshot(self, info: ObjectInfo) -> LedgerSnapshot:
+        folder = join_uri(self._sources_uri, source_id(info.uri))
+        wanted = fingerprint(info)
+        versions: dict[str, int] = {}
+        key = _version_key(info)
+        for item in self.storage.list_objects(folder):
+            match = _MARKER.match(item.uri.rsplit("/", 1)[-1])
+            if not match or match["fp"] != wanted:
+                continue
+            if match["done"]:
+                versions[key] = _DONE
+            elif versions.get(key, 0) != _DONE:
+                versions[key] = versions.get(key, 0) + 1
+        return LedgerSnapshot(versions)
+
+    def _marker_uri(self, info: ObjectInfo, suffix: str) -> str:
+        return join_uri(self._sources_uri, source_id(info.uri), f"{fingerprint(info)}.{suffix}")
+
+    def _content_uri(self, sha256: str) -> str:
+        return join_uri(self.state_uri, CONTENT_DIR, f"{sha256}.json")
+
+    def _outputs_hold(self, record: ContentRecord) -> bool:
+        dolma = record.outputs.get("dolma")
+        if dolma is None:
+            return bool(record.outputs) and all(self.storage.exists(uri) for uri in record.outputs.values())
+        raw = self.storage.read_bytes_or_none(dolma)
+        if raw is None:
+            return False
+        try:
+            metadata = json.loads(raw.splitlines()[0])["metadata"]
+        except (ValueError, KeyError, TypeError, IndexError):
+            return False
+        if metadata.get("source-sha256") != record.sha256:
+            return False
+        others = [uri for name, uri in record.outputs.items() if name != "dolma"]
+        return all(self.storage.exists(uri) for uri in others)
+
+    def _describe(self) -> None:
+        # Written once per Ledger so a human browsing _state/ can tell what a key stands for.
+        if self._description is None:
+            return
+        description, self._description = self._description, None
+        uri = join_uri(self.state_uri, "conversion.json")
+        if not self.storage.exists(uri):
+            body = {"conversion_key": self.conversion_key, "layout": LAYOUT_VERSION, **description}
+            self.storage.write_bytes_atomic(uri, _json(body), content_type="application/json")
+
+
+def _object_fields(info: ObjectInfo) -> dict[str, Any]:
+    return {
+        "source": info.uri,
+        "size": info.size,
+        "etag": info.etag,
+        "last_modified": info.last_modified.isoformat(),
+    }
+
+
+def _json(data: Mapping[str, Any]) -> bytes:
+    # ASCII-escaped: a stray surrogate in a file name must not make the state unwritable.
+    return json.dumps(data, indent=1, default=str).encode("ascii")

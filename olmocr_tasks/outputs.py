@@ -1,0 +1,172 @@
+"""Per-document outputs: olmOCR's Dolma JSONL record and the markdown file, at deterministic keys.
+
+Layout under the output prefix (the same on local disk and S3)::
+
+    OUTPUT/dolma/<stem>.jsonl     one Dolma record (one line)
+    OUTPUT/markdown/<stem>.md     exactly the record's text
+
+``<stem>`` mirrors the source key relative to the input prefix, so a rerun overwrites the same
+objects instead of adding new ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from datetime import date
+from typing import Any
+
+from olmocr_tasks.errors import EmptyDocumentError
+from olmocr_tasks.results import DocumentResult
+from olmocr_tasks.storage import Storage, is_s3, join_uri, local_path, safe_join, safe_relative_key, split_s3
+
+DOLMA_DIR = "dolma"
+MARKDOWN_DIR = "markdown"
+# The olmOCR release whose page protocol and record schema we reproduce; written where olmOCR
+# writes its own version so readers of olmOCR output find the field they expect.
+OLMOCR_COMPAT_VERSION = "0.4.27"
+
+_PDF_SUFFIX = re.compile(r"\.pdf$", re.IGNORECASE)
+
+
+def _normalised(uri: str) -> str:
+    # Compare local URIs as paths: "file:///x/in" and "/x/in" name the same folder.
+    return uri if is_s3(uri) else local_path(uri)
+
+
+def _relative_source(source_uri: str, input_uri: str) -> str:
+    source = _normalised(source_uri)
+    base = _normalised(input_uri).rstrip("/")
+    if base and source.startswith(base + "/"):
+        return source[len(base) + 1 :]
+    if source == base:
+        # A single-file input: keep only its name.
+        return source.rsplit("/", 1)[-1]
+    # Not under the input prefix (explicit document lists): olmOCR's rule.
+    if is_s3(source):
+        return split_s3(source)[1]
+    return source.lstrip("/")
+
+
+def output_stem(source_uri: str, input_uri: str) -> str:
+    """The safe relative path (no extension) under which a source's outputs are written.
+
+    ``s3://b/in/x/Report.PDF`` under ``s3://b/in/`` → ``x/Report``. Sources outside the input prefix
+    follow olmOCR (S3: key without bucket; local: path without the leading ``/``). The result is
+    always sanitised (see ``storage.safe_relative_key``) and never empty.
+    """
+    # The extension goes first: sanitising "..pdf" would otherwise leave a "." component behind.
+    relative = _PDF_SUFFIX.sub("", _relative_source(source_uri, input_uri))
+    stem = safe_relative_key(relative)
+    if not stem:
+        stem = "_unnamed_" + hashlib.sha1(source_uri.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return stem
+
+
+def dolma_record(
+    result: DocumentResult,
+    *,
+    model: str,
+    prompt_version: str,
+    package_version: str,
+    created: date | None = None,
+) -> dict[str, Any]:
+    """olmOCR's Dolma document for a converted PDF, key order included, plus our provenance fields.
+
+    Keys olmOCR emits come first and keep their meaning; ours follow them so a reader written for
+    olmOCR output keeps working.
+    """
+    text = result.text
+    today = date.today().isoformat()
+    pages = result.pages
+    fallback = [page for page in pages if page.is_fallback]
+    return {
+        # surrogatepass: a lone surrogate decoded from a model's JSON must not crash the hash.
+        "id": hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest(),
+        "text": text,
+        "source": "olmocr",
+        "added": today,
+        "created": created.isoformat() if created else today,
+        "metadata": {
+            "Source-File": result.source,
+            "olmocr-version": OLMOCR_COMPAT_VERSION,
+            "pdf-total-pages": result.page_count,
+            "total-input-tokens": result.input_tokens,
+            "total-output-tokens": result.output_tokens,
+            "total-fallback-pages": result.fallback_pages,
+            "olmocr-airflow-version": package_version,
+            "model": model,
+            "prompt-version": prompt_version,
+            "source-sha256": result.sha256,
+            "source-size": result.size,
+            "fallback-page-numbers": [page.page_number for page in fallback],
+            "fallback-reasons": [page.fallback_reason for page in fallback],
+            "total-attempts": result.attempts,
+            # Every answered attempt, retries included: what the server really spent.
+            "server-input-tokens": sum(page.server_input_tokens for page in pages),
+            "server-output-tokens": sum(page.server_output_tokens for page in pages),
+            "conversion-seconds": round(result.seconds, 3),
+        },
+        "attributes": {
+            "pdf_page_numbers": result.page_spans(),
+            "primary_language": [page.primary_language for page in pages],
+            "is_rotation_valid": [page.is_rotation_valid for page in pages],
+            "rotation_correction": [page.rotation_correction for page in pages],
+            "is_table": [page.is_table for page in pages],
+            "is_diagram": [page.is_diagram for page in pages],
+            "is_fallback": [page.is_fallback for page in pages],
+            "attempts": [page.attempts for page in pages],
+            "accepted_attempt": [page.accepted_attempt for page in pages],
+            "input_tokens": [page.input_tokens for page in pages],
+            "output_tokens": [page.output_tokens for page in pages],
+            "latency_ms": [round(page.latency_s * 1000) for page in pages],
+        },
+    }
+
+
+def dolma_line(record: dict[str, Any]) -> bytes:
+    """One JSONL line exactly as olmOCR writes it: default separators, ASCII-escaped."""
+    return (json.dumps(record) + "\n").encode("ascii")
+
+
+def output_uris(output_uri: str, stem: str) -> dict[str, str]:
+    """Where a stem's outputs live (whether or not they have been written)."""
+    return {
+        "dolma": safe_join(join_uri(output_uri, DOLMA_DIR), f"{stem}.jsonl"),
+        "markdown": safe_join(join_uri(output_uri, MARKDOWN_DIR), f"{stem}.md"),
+    }
+
+
+def write_document_outputs(
+    result: DocumentResult,
+    *,
+    output_uri: str,
+    stem: str,
+    storage: Storage,
+    write_markdown: bool,
+    model: str,
+    prompt_version: str,
+    package_version: str,
+    created: date | None = None,
+) -> dict[str, str]:
+    """Write the Dolma line (and the markdown) atomically; returns ``{"dolma": uri, "markdown": uri}``.
+
+    ``"markdown"`` is absent when ``write_markdown`` is false. A document whose text is empty raises
+    ``EmptyDocumentError``: olmOCR produces no record for it, and neither do we.
+    """
+    record = dolma_record(
+        result, model=model, prompt_version=prompt_version, package_version=package_version, created=created
+    )
+    if not record["text"]:
+        raise EmptyDocumentError(f"{result.source}: no text on any of its {result.page_count} pages")
+    targets = output_uris(output_uri, stem)
+    written: dict[str, str] = {}
+    if write_markdown:
+        storage.write_bytes_atomic(
+            targets["markdown"], record["text"].encode("utf-8", "replace"), content_type="text/markdown; charset=utf-8"
+        )
+        written["markdown"] = targets["markdown"]
+    # The Dolma record is written last: it is the primary output, so its presence implies the rest.
+    storage.write_bytes_atomic(targets["dolma"], dolma_line(record), content_type="application/x-ndjson")
+    return {"dolma": targets["dolma"], **written}
