@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.pdfs",
     "tests.fixtures.standin",
     "tests.fixtures.s3",
+    "tests.fixtures.airflow",
 ]

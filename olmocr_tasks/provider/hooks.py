@@ -1,0 +1,176 @@
+"""``VllmHook``: the one place that turns the ``olmocr_vllm`` Airflow connection into server settings.
+
+Connection fields:
+
+* **host**: a bare host (``vllm.internal``), ``host/path``, or a full base URL
+  (``https://vllm.example.com/v1``). Without a path the OpenAI root ``/v1`` is assumed.
+* **schema**: ``http`` (default) or ``https`` when the host is bare (Airflow's "schema" field is
+  reused for the URL scheme, as the HTTP provider does).
+* **port**: used when the host does not name one.
+* **password**: the API key, sent as a Bearer token (never logged: see ``ServerSettings.public_dict``).
+* extras: ``model``; ``replicas`` (comma-separated base URLs, or a JSON list, of further replicas
+  balanced with the first); ``max_concurrent_requests``; ``verify_tls``; and any of the timeouts
+  ``connect_timeout_s``, ``read_timeout_s``, ``write_timeout_s``, ``readiness_timeout_s``,
+  ``request_retry_budget_s``, ``outage_window_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+from airflow.sdk import BaseHook
+
+from olmocr_tasks.client import InferenceClient
+from olmocr_tasks.config import DEFAULT_MODEL, ServerSettings
+from olmocr_tasks.errors import ConfigurationError
+from olmocr_tasks.provider import CONNECTION_TYPE, DEFAULT_CONN_ID
+
+_SCHEMES = ("http", "https")
+_DEFAULT_PATH = "/v1"
+_FLOAT_EXTRAS = (
+    "connect_timeout_s",
+    "read_timeout_s",
+    "write_timeout_s",
+    "readiness_timeout_s",
+    "request_retry_budget_s",
+    "outage_window_s",
+)
+
+
+class ConnectionLike(Protocol):
+    """The fields of an Airflow ``Connection`` this module reads (a plain object works in tests)."""
+
+    conn_id: str | None
+    host: str | None
+    schema: str | None
+    port: int | None
+    password: str | None
+
+    @property
+    def extra_dejson(self) -> dict[str, Any]: ...
+
+
+def base_url(host: str, scheme: str | None = None, port: int | None = None) -> str:
+    """The OpenAI API root for a host given bare, as ``host/path``, or as a full URL."""
+    host = host.strip()
+    if not host:
+        raise ConfigurationError("the vLLM connection has no host")
+    if "://" not in host:
+        chosen = (scheme or "http").strip().lower() or "http"
+        host = f"{chosen}://{host}"
+    parts = urlsplit(host)
+    if parts.scheme.lower() not in _SCHEMES:
+        raise ConfigurationError(f"the vLLM URL scheme must be http or https, not {parts.scheme!r}")
+    if not parts.hostname:
+        raise ConfigurationError(f"the vLLM connection host {host!r} names no host")
+    netloc = parts.netloc
+    if port and parts.port is None:
+        netloc = f"{netloc}:{int(port)}"
+    path = parts.path.rstrip("/") or _DEFAULT_PATH
+    return urlunsplit((parts.scheme.lower(), netloc, path, parts.query, ""))
+
+
+def _extra(extra: Mapping[str, Any], name: str) -> Any:
+    # Forms of older Airflow versions stored custom fields as "extra__<conn type>__<name>".
+    value = extra.get(name)
+    if value is None:
+        value = extra.get(f"extra__{CONNECTION_TYPE}__{name}")
+    return None if value == "" else value
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"connection extra {name!r} must be a boolean, not {value!r}")
+
+
+def _as_number(name: str, value: Any, kind: type[int] | type[float]) -> Any:
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"connection extra {name!r} must be a number, not {value!r}") from None
+    if number <= 0:
+        raise ConfigurationError(f"connection extra {name!r} must be positive, not {value!r}")
+    return number
+
+
+def _replicas(value: Any, scheme: str | None) -> list[str]:
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else str(value).split(",")
+    return [base_url(str(item), scheme) for item in items if str(item).strip()]
+
+
+def settings_from_connection(conn: ConnectionLike, defaults: ServerSettings | None = None) -> ServerSettings:
+    """Server settings for a connection; fields the connection leaves out keep ``defaults``."""
+    defaults = defaults or ServerSettings()
+    extra = conn.extra_dejson or {}
+    primary = base_url(conn.host or "", conn.schema, conn.port)
+    urls = [primary, *_replicas(_extra(extra, "replicas"), conn.schema)]
+    changes: dict[str, Any] = {
+        "base_urls": tuple(dict.fromkeys(urls)),
+        "model": str(_extra(extra, "model") or DEFAULT_MODEL),
+        "api_key": conn.password or None,
+    }
+    if (value := _extra(extra, "max_concurrent_requests")) is not None:
+        changes["max_concurrent_requests"] = _as_number("max_concurrent_requests", value, int)
+    if (value := _extra(extra, "verify_tls")) is not None:
+        changes["verify_tls"] = _as_bool("verify_tls", value)
+    for name in _FLOAT_EXTRAS:
+        if (value := _extra(extra, name)) is not None:
+            changes[name] = _as_number(name, value, float)
+    return dataclasses.replace(defaults, **changes)
+
+
+class VllmHook(BaseHook):
+    """Reads the ``olmocr_vllm`` connection; checks that the server is up and serves the model."""
+
+    conn_name_attr = "vllm_conn_id"
+    default_conn_name = DEFAULT_CONN_ID
+    conn_type = CONNECTION_TYPE
+    hook_name = "olmOCR vLLM"
+
+    def __init__(self, vllm_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.vllm_conn_id = vllm_conn_id
+
+    def get_conn(self) -> ServerSettings:
+        return self.server_settings()
+
+    def server_settings(self, **overrides: Any) -> ServerSettings:
+        """Settings from the connection; ``overrides`` (e.g. a run's ``max_concurrent_requests``) win."""
+        settings = settings_from_connection(self.get_connection(self.vllm_conn_id))
+        changes = {name: value for name, value in overrides.items() if value is not None}
+        return dataclasses.replace(settings, **changes) if changes else settings
+
+    def check_ready(self, settings: ServerSettings | None = None) -> list[str]:
+        """Wait up to ``readiness_timeout_s`` until every replica lists the model; return the models.
+
+        Raises ``ServerNotReady`` when the server stays unreachable, rejects the API key or serves
+        another model.
+        """
+        return asyncio.run(_check_ready(settings or self.server_settings()))
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Backs the UI's "Test" button: one readiness probe with a short timeout."""
+        try:
+            settings = dataclasses.replace(self.server_settings(), readiness_timeout_s=5.0)
+            models = self.check_ready(settings)
+        except Exception as exc:
+            return False, str(exc)
+        return True, f"{settings.model} is served ({', '.join(models)})"
+
+
+async def _check_ready(settings: ServerSettings) -> list[str]:
+    # Metrics polling is for conversions; a readiness probe does not need it running.
+    async with InferenceClient(dataclasses.replace(settings, adaptive_concurrency=False)) as client:
+        return await client.check_ready()

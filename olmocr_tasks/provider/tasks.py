@@ -1,0 +1,621 @@
+"""The Airflow side of a conversion run, shared by every DAG: Params, task bodies, the task graph.
+
+The DAG files only choose a schedule and call ``conversion_flow``::
+
+    check_server ─► plan ─► convert[batch…] ─► publish_manifest ─► enforce_error_budget
+
+* ``check_server`` asks the ``olmocr_vllm`` connection's server whether it serves the model.
+* ``plan`` resolves the run's Params and ``dag_run`` into a ``RunRequest``, discovers what to convert,
+  writes the plan and one small file per batch under ``OUTPUT/_runs/<run>/``, and returns batch
+  descriptors (``{"batch": "b00012", "label": "inbox/report.pdf", "documents": 1}``).
+* ``convert`` is mapped over the descriptors; each instance converts its batch and writes a part file.
+* ``publish_manifest`` (``all_done``) merges plan and parts into the run manifest, even when some
+  batches failed, and emits an event on ``OUTPUTS_ASSET``.
+* ``enforce_error_budget`` (``all_done``, the only leaf) fails the run when too many documents failed,
+  when a batch never reported, or when no manifest was published, so a bad run is red.
+
+XCom carries only these descriptors and counts; credentials are resolved inside each task from the
+``aws_default`` connection and never leave process memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.sdk import (
+    Asset,
+    ExceptionRetryPolicy,
+    Param,
+    RetryAction,
+    RetryRule,
+    TriggerRule,
+    XComArg,
+    conf,
+    get_current_context,
+    task,
+)
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from olmocr_tasks.config import ConversionSettings
+from olmocr_tasks.conversion import SourceDocument
+from olmocr_tasks.errors import ConfigurationError, InfrastructureError, ServerNotReady
+from olmocr_tasks.pipeline import (
+    RunRequest,
+    build_manifest,
+    collect_parts,
+    convert_batch,
+    pack_batches,
+    plan_run,
+    publish_manifest,
+    read_plan,
+    source_from_dict,
+    source_to_dict,
+    write_plan,
+)
+from olmocr_tasks.provider import DEFAULT_CONN_ID
+from olmocr_tasks.provider.hooks import VllmHook
+from olmocr_tasks.s3_events import documents_from_asset_events
+from olmocr_tasks.storage import Storage, is_s3, join_uri
+
+log = logging.getLogger(__name__)
+
+AWS_CONN_ID = "aws_default"
+# The pool bounds how many convert tasks hit one vLLM deployment at once, across runs and DAGs.
+POOL = os.environ.get("OLMOCR_POOL", "olmocr_vllm")
+# Downstream DAGs schedule on this; each event's extra names the manifest and carries its counts.
+OUTPUTS_ASSET = Asset(name="olmocr_outputs")
+
+SCOPES = ("auto", "interval", "all")
+# Run types whose data interval is a real window of time to discover in.
+_INTERVAL_RUN_TYPES = frozenset({"scheduled", "backfill"})
+BATCHES_DIR = "batches"
+_LABEL_CHARS = 120
+
+# A server that is starting or a storage outage is worth waiting for; anything else (a bug, a
+# misconfiguration) would fail the same way on every retry, so it fails at once.
+_INFRASTRUCTURE_RETRIES = ExceptionRetryPolicy(
+    rules=[
+        RetryRule(exception=InfrastructureError, action=RetryAction.RETRY, reason="server or storage unavailable"),
+        RetryRule(
+            exception="airflow.sdk.exceptions.AirflowTaskTimeout",
+            action=RetryAction.RETRY,
+            reason="task timed out",
+        ),
+    ],
+    default=RetryAction.FAIL,
+)
+
+
+# ------------------------------------------------------------------------------------------ Params
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(name) or None
+
+
+def ingest_params() -> dict[str, Param]:
+    """The trigger form of the ingestion DAG."""
+    return {
+        "input_uri": Param(
+            _env("OLMOCR_INPUT_URI"),
+            type=["null", "string"],
+            title="Input",
+            description="Where the PDFs are: s3://bucket/prefix/ or a local folder (default: OLMOCR_INPUT_URI).",
+            section="Input and output",
+        ),
+        "output_uri": Param(
+            _env("OLMOCR_OUTPUT_URI"),
+            type=["null", "string"],
+            title="Output",
+            description="Where markdown, Dolma records and manifests go (default: OLMOCR_OUTPUT_URI).",
+            section="Input and output",
+        ),
+        "documents": Param(
+            None,
+            type=["null", "array"],
+            items={"type": "string"},
+            title="Documents",
+            description="Convert only these PDF URIs (one per line) instead of discovering the input.",
+            section="What to convert",
+        ),
+        "scope": Param(
+            "auto",
+            type="string",
+            enum=list(SCOPES),
+            values_display={
+                "auto": "auto: this interval for scheduled and backfill runs, everything otherwise",
+                "interval": "interval: PDFs last modified in this run's data interval",
+                "all": "all: every PDF not converted yet",
+            },
+            title="Scope",
+            description="Which PDFs discovery considers; ignored when Documents is given.",
+            section="What to convert",
+        ),
+        "reprocess": Param(
+            False,
+            type="boolean",
+            title="Reprocess",
+            description="Convert again even if a PDF was already converted with this model and prompt.",
+            section="What to convert",
+        ),
+        "max_documents": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            title="Max documents",
+            description="Convert at most this many PDFs in this run (empty: no limit).",
+            section="What to convert",
+        ),
+        **_shared_params(),
+    }
+
+
+def event_params() -> dict[str, Param]:
+    """The trigger form of the S3-event DAG: the events choose the documents."""
+    params = ingest_params()
+    params["input_uri"] = Param(
+        _env("OLMOCR_INPUT_URI"),
+        type=["null", "string"],
+        title="Input prefix",
+        description="Output names mirror keys relative to this prefix, as in the ingestion DAG.",
+        section="Input and output",
+    )
+    for name in ("documents", "scope", "max_documents"):
+        del params[name]
+    return params
+
+
+def _shared_params() -> dict[str, Param]:
+    return {
+        "max_page_error_rate": Param(
+            0.004,
+            type="number",
+            minimum=0,
+            maximum=1,
+            title="Max page error rate",
+            description="A document fails when more than this share of its pages could not be converted.",
+            section="Error budgets",
+        ),
+        "max_document_error_rate": Param(
+            0.05,
+            type="number",
+            minimum=0,
+            maximum=1,
+            title="Max document error rate",
+            description="The run fails (after publishing its manifest) when more documents than this share fail.",
+            section="Error budgets",
+        ),
+        "max_failed_attempts": Param(
+            3,
+            type="integer",
+            minimum=1,
+            title="Max failed attempts",
+            description="A PDF that failed in this many runs is listed as a dead letter instead of retried.",
+            section="Error budgets",
+        ),
+        "max_concurrent_requests": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            title="Max concurrent requests",
+            description="In-flight page requests per convert task (empty: the connection's setting).",
+            section="Server",
+        ),
+    }
+
+
+# ------------------------------------------------------------------------- resolving a run request
+
+
+def _value(run_type: Any) -> str:
+    return str(getattr(run_type, "value", run_type) or "")
+
+
+def resolve_window(
+    scope: str, run_type: Any, start: datetime | None, end: datetime | None
+) -> tuple[datetime | None, datetime | None]:
+    """The LastModified window discovery uses: ``(start, end]``, or ``(None, None)`` for everything.
+
+    ``auto`` uses the data interval only for scheduled and backfill runs: manual, REST and asset runs
+    either have no interval (``logical_date`` None) or one the user did not choose.
+    """
+    if scope not in SCOPES:
+        raise ConfigurationError(f"scope must be one of {', '.join(SCOPES)}, not {scope!r}")
+    has_interval = start is not None and end is not None and end > start
+    if scope == "all":
+        return None, None
+    if scope == "interval":
+        if not has_interval:
+            raise ConfigurationError(
+                "scope 'interval' needs a data interval, and this run has none "
+                "(runs triggered by an asset or by the REST API without a logical date have none)"
+            )
+        return start, end
+    if _value(run_type) in _INTERVAL_RUN_TYPES and has_interval:
+        return start, end
+    return None, None
+
+
+def airflow_run_id(context: Mapping[str, Any]) -> str:
+    """The manifest's run id: DAG id and run id, so DAGs sharing an output never collide."""
+    return f"{context['dag'].dag_id}__{context['dag_run'].run_id}"
+
+
+def build_request(context: Mapping[str, Any], documents: Sequence[str] | None = None) -> RunRequest:
+    """This run's ``RunRequest`` from its Params, its ``dag_run`` and the vLLM connection.
+
+    ``documents`` (from the events) wins over the ``documents`` Param. Raises
+    ``ConfigurationError`` with a message meant for the person who triggered the run.
+    """
+    params = context["params"]
+    output_uri = params.get("output_uri")
+    if not output_uri:
+        raise ConfigurationError("no output: set the output_uri Param or the OLMOCR_OUTPUT_URI variable")
+    if documents is None:
+        documents = params.get("documents")
+    input_uri = params.get("input_uri") or ""
+    if documents is None and not input_uri:
+        raise ConfigurationError("no input: set the input_uri Param (or OLMOCR_INPUT_URI), or list documents")
+    dag_run = context["dag_run"]
+    after, until = (None, None)
+    if documents is None:
+        after, until = resolve_window(
+            params.get("scope", "auto"),
+            dag_run.run_type,
+            context.get("data_interval_start"),
+            context.get("data_interval_end"),
+        )
+    server = VllmHook(DEFAULT_CONN_ID).server_settings(max_concurrent_requests=params.get("max_concurrent_requests"))
+    settings = ConversionSettings(server=server, max_page_error_rate=float(params.get("max_page_error_rate", 0.004)))
+    return RunRequest(
+        input_uri=input_uri,
+        output_uri=output_uri,
+        run_id=airflow_run_id(context),
+        settings=settings,
+        documents=tuple(documents) if documents is not None else None,
+        modified_after=after,
+        modified_until=until,
+        reprocess=bool(params.get("reprocess", False)),
+        max_documents=params.get("max_documents"),
+        max_failed_attempts=int(params.get("max_failed_attempts", 3)),
+    )
+
+
+def storage_options(aws_conn_id: str = AWS_CONN_ID) -> dict[str, Any]:
+    """s3fs options from an Airflow AWS connection (keys, endpoint, region, botocore config).
+
+    The options hold secrets: they stay in this process (never in XCom, logs or manifests).
+    """
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    hook = S3Hook(aws_conn_id=aws_conn_id)
+    options: dict[str, Any] = {}
+    session_credentials = hook.get_session().get_credentials()
+    if session_credentials is None:
+        options["anon"] = True
+    else:
+        # get_credentials also registers the secret with Airflow's log masker.
+        credentials = hook.get_credentials()
+        options["key"] = credentials.access_key
+        options["secret"] = credentials.secret_key
+        if credentials.token:
+            options["token"] = credentials.token
+    client_kwargs: dict[str, Any] = {}
+    if endpoint := hook.conn_config.get_service_endpoint_url(service_name="s3"):
+        client_kwargs["endpoint_url"] = endpoint
+    if region := hook.conn_config.region_name:
+        client_kwargs["region_name"] = region
+    if client_kwargs:
+        options["client_kwargs"] = client_kwargs
+    if config_kwargs := hook.conn_config.extra_config.get("config_kwargs"):
+        options["config_kwargs"] = dict(config_kwargs)
+    return options
+
+
+def storage_for(uris: Iterable[str], aws_conn_id: str = AWS_CONN_ID) -> Storage:
+    """A ``Storage`` that can read and write every URI given; AWS is asked only when one is on S3."""
+    return Storage(storage_options(aws_conn_id) if any(is_s3(uri) for uri in uris) else None)
+
+
+def task_identity(context: Mapping[str, Any]) -> dict[str, Any]:
+    """What a manifest entry records about the task that converted it (links the UI to the log)."""
+    ti = context["ti"]
+    return {
+        "dag_id": ti.dag_id,
+        "run_id": ti.run_id,
+        "task_id": ti.task_id,
+        "map_index": ti.map_index,
+        "try_number": ti.try_number,
+    }
+
+
+def _fail_on_configuration(exc: ConfigurationError) -> AirflowFailException:
+    return AirflowFailException(f"configuration error: {exc}")
+
+
+# ------------------------------------------------------------------------------------ task bodies
+
+
+def _is_unreachable(exc: ServerNotReady) -> bool:
+    # check_ready raises ServerNotReady both for a server that never answered (worth retrying: it may
+    # still be loading the model) and for one that answered wrongly (API key, URL, model: never
+    # fixed by waiting). Only the first carries this wording.
+    return "not ready after" in str(exc)
+
+
+def check_server_body(conn_id: str = DEFAULT_CONN_ID) -> list[str]:
+    """Fail fast on a misconfigured server; raise ``ServerNotReady`` (retried) while it is starting."""
+    hook = VllmHook(conn_id)
+    try:
+        settings = hook.server_settings()
+    except ConfigurationError as exc:
+        raise AirflowFailException(f"connection {conn_id!r}: {exc}") from None
+    urls = ", ".join(settings.public_dict()["base_urls"])
+    try:
+        models = hook.check_ready(settings)
+    except ServerNotReady as exc:
+        if _is_unreachable(exc):
+            raise ServerNotReady(f"vLLM at {urls} (connection {conn_id!r}) is unreachable: {exc}") from None
+        raise AirflowFailException(f"vLLM at {urls} (connection {conn_id!r}) cannot be used: {exc}") from None
+    log.info("vLLM at %s serves %s", urls, ", ".join(models))
+    return models
+
+
+def max_map_length() -> int:
+    """Airflow's ``[core] max_map_length``: the most instances one mapped task may expand to."""
+    return conf.getint("core", "max_map_length", fallback=1024)
+
+
+def batch_label(sources: Sequence[SourceDocument], input_uri: str) -> str:
+    """A human label for a batch, shown as the mapped instance's name in the grid."""
+
+    def name(source: SourceDocument) -> str:
+        uri = source.uri
+        base = input_uri.rstrip("/")
+        if base and uri.startswith(base + "/"):
+            return uri[len(base) + 1 :]
+        return uri.split("://", 1)[-1].split("/", 1)[-1] if is_s3(uri) else uri.rsplit("/", 1)[-1]
+
+    if len(sources) == 1:
+        label = name(sources[0])
+    else:
+        first, last = (name(source).rsplit("/", 1)[-1] for source in (sources[0], sources[-1]))
+        label = f"{len(sources)} documents: {first} … {last}"
+    return label if len(label) <= _LABEL_CHARS else "…" + label[-(_LABEL_CHARS - 1) :]
+
+
+def _batch_uri(request: RunRequest, batch_key: str) -> str:
+    return join_uri(request.run_dir(), BATCHES_DIR, f"{batch_key}.json")
+
+
+def _clear_earlier_attempt(request: RunRequest, storage: Storage) -> None:
+    # A cleared and re-run DAG run plans again: parts and batches of its earlier attempt must not
+    # leak into this attempt's manifest.
+    stale = [
+        info.uri
+        for folder in ("parts", BATCHES_DIR)
+        for info in storage.list_objects(join_uri(request.run_dir(), folder) + "/")
+    ]
+    for uri in stale:
+        storage.delete(uri)
+
+
+def plan_body(context: Mapping[str, Any], documents: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Discover, write the plan and the batches; return one small descriptor per batch."""
+    try:
+        request = build_request(context, documents)
+    except ConfigurationError as exc:
+        raise _fail_on_configuration(exc) from None
+    storage = storage_for([request.input_uri, request.output_uri, *(request.documents or ())])
+    _clear_earlier_attempt(request, storage)
+    plan = plan_run(request, storage)
+    write_plan(request, plan, storage)
+    batches = pack_batches(plan.sources, max_batches=max_map_length())
+    descriptors = [
+        {"batch": f"b{index:05d}", "label": batch_label(batch, request.input_uri), "documents": len(batch)}
+        for index, batch in enumerate(batches)
+    ]
+
+    def write(item: tuple[dict[str, Any], list[SourceDocument]]) -> None:
+        descriptor, batch = item
+        payload = json.dumps([source_to_dict(source) for source in batch]).encode()
+        storage.write_bytes_atomic(_batch_uri(request, descriptor["batch"]), payload)
+
+    # One object per batch so a convert task reads only its own sources, not the whole plan.
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(write, zip(descriptors, batches, strict=True)))
+    window = (
+        f"modified in ({request.modified_after.isoformat()}, {request.modified_until.isoformat()}]"
+        if request.modified_after and request.modified_until
+        else "explicit list"
+        if request.documents is not None
+        else "any time"
+    )
+    log.info(
+        "run %s (%s): %d to convert in %d batches, %d already converted, %d dead letters, %d unavailable",
+        request.run_id,
+        window,
+        len(plan.sources),
+        len(batches),
+        plan.already_converted,
+        len(plan.dead_letters),
+        len(plan.unavailable),
+    )
+    if len(batches) < len(plan.sources):
+        log.info("packed %d documents into %d batches (limit %d)", len(plan.sources), len(batches), max_map_length())
+    return descriptors
+
+
+def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[str, Any]:
+    """Convert one batch; its documents' entries go to a part file, a summary to XCom."""
+    try:
+        request = build_request(context)
+    except ConfigurationError as exc:
+        raise _fail_on_configuration(exc) from None
+    output = storage_for([request.output_uri])
+    raw = json.loads(output.read_bytes(_batch_uri(request, batch["batch"])))
+    sources = [source_from_dict(item) for item in raw]
+    storage = storage_for([request.input_uri, request.output_uri, *(source.uri for source in sources)])
+    summary = convert_batch(request, storage, batch["batch"], sources, task_context=task_identity(context))
+    log.info("batch %s (%s): %s", batch["batch"], batch.get("label"), summary)
+    return summary
+
+
+def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
+    """Write the run manifest from the plan and every part; emit the outputs asset event."""
+    ti = context["ti"]
+    if ti.xcom_pull(task_ids="plan") is None:
+        raise AirflowSkipException("the plan task did not succeed: there is nothing to publish")
+    try:
+        request = build_request(context)
+    except ConfigurationError as exc:
+        raise _fail_on_configuration(exc) from None
+    storage = storage_for([request.input_uri, request.output_uri])
+    plan = read_plan(request, storage)
+    manifest = build_manifest(request, plan, collect_parts(request, storage))
+    uri = publish_manifest(manifest, storage)
+    counts = manifest.counts()
+    summary: dict[str, Any] = {
+        "manifest": uri,
+        "run_id": manifest.run_id,
+        "output_uri": request.output_uri,
+        **counts,
+        "not_converted": sum(1 for doc in manifest.documents if doc.error_class == "not_converted"),
+    }
+    context["outlet_events"][OUTPUTS_ASSET].extra = summary
+    log.info("published %s: %s", uri, counts)
+    return summary
+
+
+def error_budget_problems(summary: Mapping[str, Any], max_document_error_rate: float) -> list[str]:
+    """Why a published run must count as failed; empty when it is within its budget."""
+    problems = []
+    if summary.get("not_converted"):
+        problems.append(
+            f"{summary['not_converted']} documents were in convert tasks that failed "
+            "(see those task logs; the next run retries them)"
+        )
+    attempted = summary.get("converted", 0) + summary.get("failed", 0) + summary.get("skipped", 0)
+    failed = summary.get("failed", 0)
+    if attempted and failed / attempted > max_document_error_rate:
+        problems.append(
+            f"{failed} of {attempted} documents failed ({failed / attempted:.1%}), "
+            f"over the budget of {max_document_error_rate:.1%}"
+        )
+    return problems
+
+
+def enforce_error_budget_body(context: Mapping[str, Any]) -> None:
+    summary = context["ti"].xcom_pull(task_ids="publish_manifest")
+    if summary is None:
+        raise AirflowFailException("no manifest was published for this run: see the failed task upstream")
+    rate = float(context["params"].get("max_document_error_rate", 0.05))
+    problems = error_budget_problems(summary, rate)
+    if problems:
+        raise AirflowFailException("; ".join(problems) + f" — manifest: {summary['manifest']}")
+    log.info(
+        "within budget: %d converted, %d failed, %d skipped (manifest %s)",
+        summary["converted"],
+        summary["failed"],
+        summary["skipped"],
+        summary["manifest"],
+    )
+
+
+def event_documents_body(context: Mapping[str, Any], asset_name: str | None = None) -> list[str]:
+    """The PDFs named by this run's triggering events of ``asset_name`` (of every asset when None)."""
+    events = context.get("triggering_asset_events") or {}
+    groups = [events[asset] for asset in events if asset_name is None or getattr(asset, "name", None) == asset_name]
+    parsed = documents_from_asset_events(event.extra for group in groups for event in group)
+    for reason in parsed.ignored:
+        log.info("ignored: %s", reason)
+    log.info("%d PDFs from %d messages in %d events", len(parsed.uris), parsed.messages, sum(map(len, groups)))
+    return parsed.uris
+
+
+# ------------------------------------------------------------------------------------ the tasks
+
+
+@task(
+    retries=4,
+    retry_delay=timedelta(seconds=15),
+    retry_exponential_backoff=2.0,
+    max_retry_delay=timedelta(minutes=5),
+    retry_policy=_INFRASTRUCTURE_RETRIES,
+)
+def check_server() -> None:
+    """Is the vLLM server up and serving the configured model? Retried while it starts."""
+    check_server_body()
+
+
+@task(
+    retries=2,
+    retry_delay=timedelta(seconds=30),
+    retry_exponential_backoff=2.0,
+    retry_policy=_INFRASTRUCTURE_RETRIES,
+)
+def plan(documents: list[str] | None = None) -> list[dict[str, Any]]:
+    """Discover the PDFs to convert and pack them into batches."""
+    return plan_body(get_current_context(), documents)
+
+
+@task(
+    pool=POOL,
+    retries=3,
+    retry_delay=timedelta(minutes=1),
+    retry_exponential_backoff=2.0,
+    max_retry_delay=timedelta(minutes=30),
+    retry_policy=_INFRASTRUCTURE_RETRIES,
+    map_index_template="{{ batch_label }}",
+)
+def convert(batch: dict[str, Any]) -> dict[str, Any]:
+    """Convert one batch of documents (usually one document)."""
+    context = get_current_context()
+    context["batch_label"] = batch["label"]  # type: ignore[typeddict-unknown-key]
+    return convert_body(context, batch)
+
+
+@task(
+    trigger_rule=TriggerRule.ALL_DONE,
+    outlets=[OUTPUTS_ASSET],
+    retries=2,
+    retry_delay=timedelta(seconds=30),
+    retry_policy=_INFRASTRUCTURE_RETRIES,
+)
+def publish_manifest_task() -> dict[str, Any]:
+    """Write the run manifest, even when some conversions failed."""
+    return publish_body(get_current_context())
+
+
+@task(trigger_rule=TriggerRule.ALL_DONE)
+def enforce_error_budget() -> None:
+    """Fail the run when its documents failed beyond the budget or its manifest is missing."""
+    enforce_error_budget_body(get_current_context())
+
+
+@task
+def documents_from_events(asset_name: str | None = None) -> list[str]:
+    """The PDFs named by the S3 event notifications that triggered this run."""
+    return event_documents_body(get_current_context(), asset_name)
+
+
+def conversion_flow(documents: XComArg | list[str] | None = None) -> XComArg:
+    """Lay out the shared task graph in the current DAG; returns the final task's output.
+
+    ``documents``: explicit PDFs (e.g. the output of ``documents_from_events``); None lets the run's
+    Params decide.
+    """
+    server = check_server()
+    batches = plan(documents=documents)
+    converted = convert.expand(batch=batches)
+    published = publish_manifest_task.override(task_id="publish_manifest")()
+    budget = enforce_error_budget()
+    server >> batches
+    converted >> published >> budget
+    return budget

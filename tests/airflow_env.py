@@ -1,0 +1,268 @@
+"""A throw-away Airflow for tests: SQLite in a temp ``AIRFLOW_HOME``, this repo's ``dags/`` and ``plugins/``.
+
+Airflow reads its configuration when it is first imported, so the tests never import it themselves:
+every Airflow action runs in a subprocess started with ``AirflowEnv.env``. Connections are passed
+as ``AIRFLOW_CONN_<ID>`` variables (JSON form), so each test can point them at its own servers.
+
+This module is also the driver those subprocesses run::
+
+    python -m tests.airflow_env dag-test DAG_ID [--logical-date ISO|none|now] [--conf JSON]
+        [--asset-event JSON ...] [--run-type scheduled|backfill --data-interval START END]
+
+It runs the DAG with ``dag.test()`` and prints ``DAG_TEST_RESULT {"state": ..., "run_id": ..., ...}``
+as its last line; the exit status is 0 only for a successful run. ``dag.test`` itself only creates
+manual runs: ``--asset-event`` records an asset event with that ``extra`` on the DAG's schedule asset
+and makes it a consumed event of the run, so the tasks see it in ``triggering_asset_events`` exactly
+as after an ``AssetWatcher`` fired; ``--run-type``/``--data-interval`` give the run the type and the
+window the scheduler gives scheduled and backfill runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULT_PREFIX = "DAG_TEST_RESULT "
+POOL = "olmocr_vllm"
+
+
+def base_env(home: Path) -> dict[str, str]:
+    """The environment of every Airflow subprocess: isolated home, repo DAGs, no examples."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("AIRFLOW", "OLMOCR_"))}
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        }
+    )
+    return env
+
+
+def vllm_connection(url: str, model: str, api_key: str | None = None, **extra: Any) -> str:
+    """``AIRFLOW_CONN_OLMOCR_VLLM`` for a server at ``url`` (a full base URL in the host field)."""
+    return json.dumps(
+        {"conn_type": "olmocr_vllm", "host": url, "password": api_key, "extra": {"model": model, **extra}}
+    )
+
+
+def aws_connection(endpoint_url: str, key: str, secret: str, region: str = "us-east-1") -> str:
+    """``AIRFLOW_CONN_AWS_DEFAULT`` for an S3-compatible endpoint (moto, MinIO)."""
+    return json.dumps(
+        {
+            "conn_type": "aws",
+            "login": key,
+            "password": secret,
+            "extra": {
+                "endpoint_url": endpoint_url,
+                "region_name": region,
+                "config_kwargs": {"s3": {"addressing_style": "path"}},
+            },
+        }
+    )
+
+
+@dataclass
+class DagTestResult:
+    returncode: int
+    state: str | None
+    run_id: str | None
+    seconds: float
+    output: str = field(repr=False)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.returncode == 0 and self.state == "success"
+
+    def tail(self, chars: int = 6000) -> str:
+        return self.output[-chars:]
+
+
+@dataclass
+class AirflowEnv:
+    home: Path
+    env: dict[str, str]
+
+    def with_env(self, **variables: str | None) -> AirflowEnv:
+        """A copy whose subprocesses also see ``variables`` (None removes one)."""
+        env = dict(self.env)
+        for key, value in variables.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
+        return AirflowEnv(self.home, env)
+
+    def airflow(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        command = [str(Path(sys.executable).parent / "airflow"), *args]
+        result = subprocess.run(
+            command, env=self.env, cwd=self.home, text=True, capture_output=True, timeout=timeout, check=False
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"airflow {' '.join(args)} exited {result.returncode}:\n{result.stderr[-4000:]}")
+        return result
+
+    def python(self, code: str, *, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            env=self.env,
+            cwd=REPO_ROOT,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def dag_test(
+        self,
+        dag_id: str,
+        *,
+        logical_date: str | None = "now",
+        conf: Mapping[str, Any] | None = None,
+        asset_events: Sequence[Mapping[str, Any]] = (),
+        run_type: str | None = None,
+        data_interval: tuple[str, str] | None = None,
+        timeout: float = 600,
+    ) -> DagTestResult:
+        """Run one DAG run to completion in a subprocess; ``logical_date`` None = an asset/REST-like run.
+
+        ``run_type`` and ``data_interval`` turn the manual run into a scheduled or backfill one.
+        """
+        command = [sys.executable, "-m", "tests.airflow_env", "dag-test", dag_id]
+        command += ["--logical-date", "none" if logical_date is None else logical_date]
+        if conf is not None:
+            command += ["--conf", json.dumps(conf)]
+        for extra in asset_events:
+            command += ["--asset-event", json.dumps(extra)]
+        if run_type is not None:
+            command += ["--run-type", run_type]
+        if data_interval is not None:
+            command += ["--data-interval", *data_interval]
+        started = time.monotonic()
+        result = subprocess.run(
+            command, env=self.env, cwd=REPO_ROOT, text=True, capture_output=True, timeout=timeout, check=False
+        )
+        output = result.stdout + result.stderr
+        state = run_id = None
+        for line in reversed(result.stdout.splitlines()):
+            if line.startswith(RESULT_PREFIX):
+                summary = json.loads(line[len(RESULT_PREFIX) :])
+                state, run_id = summary["state"], summary["run_id"]
+                break
+        return DagTestResult(result.returncode, state, run_id, time.monotonic() - started, output)
+
+    def xcom_sizes(self) -> list[tuple[str, str, str, int, int]]:
+        """``(dag_id, run_id, task_id, map_index, bytes)`` of every XCom value in the metadata DB."""
+        with sqlite3.connect(self.home / "airflow.db") as db:
+            rows = db.execute("SELECT dag_id, run_id, task_id, map_index, length(value) FROM xcom").fetchall()
+        return [(dag, run, task, index, size or 0) for dag, run, task, index, size in rows]
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[tuple[str, int], str]:
+        with sqlite3.connect(self.home / "airflow.db") as db:
+            rows = db.execute(
+                "SELECT task_id, map_index, state FROM task_instance WHERE dag_id = ? AND run_id = ?",
+                (dag_id, run_id),
+            ).fetchall()
+        return {(task, index): state for task, index, state in rows}
+
+
+def prepare(home: Path, pool_slots: int = 4) -> AirflowEnv:
+    """Create the metadata DB and the pool the convert tasks run in."""
+    home.mkdir(parents=True, exist_ok=True)
+    airflow = AirflowEnv(home, base_env(home))
+    airflow.airflow("db", "migrate")
+    airflow.airflow("pools", "set", POOL, str(pool_slots), "vLLM capacity for the tests")
+    return airflow
+
+
+# ----------------------------------------------------------------------------------- the driver
+
+
+def _shape_runs(run_type: str | None, interval: tuple[Any, Any] | None, extras: list[dict[str, Any]]) -> None:
+    """Make the run ``dag.test`` creates look like one the scheduler or the triggerer would create.
+
+    ``dag.test`` only creates manual runs whose data interval is inferred from the logical date. A
+    scheduled or backfill run instead owns ``[logical date, next tick)``; an asset-triggered run has
+    consumed asset events. The tasks read all of this through the Execution API, as in production.
+    """
+    import airflow.models.dagrun as dagrun_module
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.types import DagRunType
+
+    create = dagrun_module.get_or_create_dagrun
+
+    def create_shaped(*, dag: Any, session: Any, **kwargs: Any) -> Any:
+        run = create(dag=dag, session=session, **kwargs)
+        if run_type is not None:
+            run.run_type = DagRunType(run_type)
+        if interval is not None:
+            run.data_interval_start, run.data_interval_end = interval
+        if extras:
+            name = next(iter(dag.timetable.asset_condition.iter_assets().values())).name
+            asset = session.query(AssetModel).filter(AssetModel.name == name).one()
+            events = [AssetEvent(asset_id=asset.id, extra=extra) for extra in extras]
+            session.add_all(events)
+            session.flush()
+            run.consumed_asset_events.extend(events)
+            run.run_type = DagRunType.ASSET_TRIGGERED
+        session.commit()
+        return run
+
+    dagrun_module.get_or_create_dagrun = create_shaped
+
+
+def _dag_test(args: argparse.Namespace) -> int:
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk import timezone
+
+    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    if bag.import_errors:
+        print(json.dumps(bag.import_errors, indent=1), file=sys.stderr)
+    dag = bag.get_dag(args.dag_id)
+    extras = [json.loads(item) for item in args.asset_event]
+    interval = tuple(timezone.parse(item) for item in args.data_interval) if args.data_interval else None
+    _shape_runs(args.run_type, interval, extras)
+    logical: Any
+    if args.logical_date == "none":
+        logical = None
+    elif args.logical_date == "now":
+        logical = timezone.utcnow()
+    else:
+        logical = timezone.parse(args.logical_date)
+    conf = json.loads(args.conf) if args.conf else None
+    started = time.monotonic()
+    run = dag.test(logical_date=logical, run_conf=conf)
+    state = str(getattr(run.state, "value", run.state))
+    summary = {"state": state, "run_id": run.run_id, "seconds": round(time.monotonic() - started, 2)}
+    print(RESULT_PREFIX + json.dumps(summary), flush=True)
+    return 0 if state == "success" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.airflow_env")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("dag-test", help="run one DAG run with dag.test()")
+    run.add_argument("dag_id")
+    run.add_argument("--logical-date", default="now")
+    run.add_argument("--conf")
+    run.add_argument("--asset-event", action="append", default=[])
+    run.add_argument("--run-type", choices=["manual", "scheduled", "backfill"])
+    run.add_argument("--data-interval", nargs=2, metavar=("START", "END"))
+    args = parser.parse_args(argv)
+    return _dag_test(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

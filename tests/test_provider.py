@@ -1,0 +1,302 @@
+"""The provider package as Airflow sees it, and the task glue the DAGs share (``provider.tasks``)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from airflow.sdk import Asset, RetryAction
+from airflow.sdk.exceptions import AirflowFailException
+
+from olmocr_tasks.conversion import SourceDocument
+from olmocr_tasks.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
+from olmocr_tasks.provider import tasks
+from olmocr_tasks.storage import ObjectInfo
+from tests.airflow_env import REPO_ROOT, aws_connection, base_env
+from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
+from tests.standin.server import StandinServer
+
+H = datetime(2026, 3, 1, 10, tzinfo=UTC)
+H1 = datetime(2026, 3, 1, 11, tzinfo=UTC)
+
+
+def test_airflow_lists_the_provider_and_its_connection_type(tmp_path: Path) -> None:
+    """What Admin → Providers and the connection form are built from, in a fresh Airflow process."""
+    script = """
+import json
+from airflow.providers_manager import ProvidersManager
+pm = ProvidersManager()
+print(json.dumps({
+    "providers": {name: info.version for name, info in pm.providers.items()},
+    "hooks": {k: v.hook_class_name for k, v in pm.hooks.items() if v is not None},
+    "behaviours": sorted(pm.field_behaviours),
+    "widgets": sorted(pm.connection_form_widgets),
+}))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=base_env(tmp_path),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "olmocr-airflow" in report["providers"]
+    assert report["hooks"]["olmocr_vllm"] == "olmocr_tasks.provider.hooks.VllmHook"
+    assert "olmocr_vllm" in report["behaviours"]
+    assert {"extra__olmocr_vllm__model", "extra__olmocr_vllm__replicas"} <= set(report["widgets"])
+
+
+# ------------------------------------------------------------------------------- run resolution
+
+
+@pytest.mark.parametrize(
+    ("scope", "run_type", "interval", "expected"),
+    [
+        ("auto", "scheduled", (H, H1), (H, H1)),
+        ("auto", "backfill", (H, H1), (H, H1)),
+        ("auto", "manual", (H, H1), (None, None)),
+        ("auto", "asset_triggered", (None, None), (None, None)),
+        ("auto", "manual", (None, None), (None, None)),
+        ("auto", "scheduled", (H, H), (None, None)),
+        ("interval", "manual", (H, H1), (H, H1)),
+        ("all", "scheduled", (H, H1), (None, None)),
+    ],
+)
+def test_resolve_window(scope: str, run_type: str, interval: tuple[Any, Any], expected: tuple[Any, Any]) -> None:
+    assert tasks.resolve_window(scope, run_type, *interval) == expected
+
+
+@pytest.mark.parametrize("interval", [(None, None), (H, H)])
+def test_interval_scope_without_an_interval_is_a_clear_error(interval: tuple[Any, Any]) -> None:
+    with pytest.raises(ConfigurationError, match="needs a data interval"):
+        tasks.resolve_window("interval", "asset_triggered", *interval)
+
+
+def test_unknown_scope_is_rejected() -> None:
+    with pytest.raises(ConfigurationError, match="scope must be one of"):
+        tasks.resolve_window("yesterday", "manual", None, None)
+
+
+def context(
+    params: dict[str, Any],
+    *,
+    run_type: str = "manual",
+    interval: tuple[datetime | None, datetime | None] = (None, None),
+    **extra: Any,
+) -> dict[str, Any]:
+    """The parts of Airflow's task context the glue reads."""
+    defaults = {p: param.value for p, param in tasks.ingest_params().items()}
+    return {
+        "params": {**defaults, **params},
+        "dag": SimpleNamespace(dag_id="olmocr_ingest"),
+        "dag_run": SimpleNamespace(run_id=f"{run_type}__2026-03-01T10:00:00+00:00", run_type=run_type),
+        "data_interval_start": interval[0],
+        "data_interval_end": interval[1],
+        **extra,
+    }
+
+
+@pytest.fixture
+def vllm_conn(monkeypatch: pytest.MonkeyPatch) -> None:
+    value = {"conn_type": "olmocr_vllm", "host": "vllm.test", "port": 8000, "extra": {"model": "m/1"}}
+    monkeypatch.setenv("AIRFLOW_CONN_OLMOCR_VLLM", json.dumps(value))
+
+
+@pytest.mark.usefixtures("vllm_conn")
+def test_build_request_for_a_scheduled_run_uses_its_interval() -> None:
+    ctx = context(
+        {"input_uri": "s3://b/in/", "output_uri": "s3://b/out/", "max_concurrent_requests": 7},
+        run_type="scheduled",
+        interval=(H, H1),
+    )
+    request = tasks.build_request(ctx)
+    assert (request.modified_after, request.modified_until) == (H, H1)
+    assert request.documents is None
+    assert request.run_id == "olmocr_ingest__scheduled__2026-03-01T10:00:00+00:00"
+    assert request.settings.server.base_urls == ("http://vllm.test:8000/v1",)
+    assert request.settings.server.model == "m/1"
+    assert request.settings.server.max_concurrent_requests == 7
+    assert request.settings.max_page_error_rate == 0.004
+    assert request.max_failed_attempts == 3
+
+
+@pytest.mark.usefixtures("vllm_conn")
+def test_build_request_for_an_asset_or_rest_run_without_logical_date() -> None:
+    ctx = context({"input_uri": "/data/in", "output_uri": "/data/out"}, run_type="asset_triggered")
+    request = tasks.build_request(ctx)
+    assert (request.modified_after, request.modified_until) == (None, None)
+    explicit = tasks.build_request(ctx, documents=["s3://b/in/a b.pdf"])
+    assert explicit.documents == ("s3://b/in/a b.pdf",)
+
+
+@pytest.mark.usefixtures("vllm_conn")
+def test_build_request_with_a_documents_param_needs_no_input_and_ignores_the_scope() -> None:
+    ctx = context(
+        {"input_uri": None, "output_uri": "/o", "documents": ["/d/x.pdf"], "scope": "interval", "reprocess": True}
+    )
+    request = tasks.build_request(ctx)
+    assert request.documents == ("/d/x.pdf",)
+    assert request.reprocess is True
+    assert request.modified_after is None
+
+
+@pytest.mark.usefixtures("vllm_conn")
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"input_uri": "/i", "output_uri": None}, "no output"),
+        ({"input_uri": None, "output_uri": "/o"}, "no input"),
+        ({"input_uri": "/i", "output_uri": "/o", "scope": "interval"}, "needs a data interval"),
+    ],
+)
+def test_build_request_explains_what_is_missing(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        tasks.build_request(context(params))
+
+
+def test_error_budget() -> None:
+    ok = {"converted": 96, "failed": 4, "skipped": 0, "not_converted": 0}
+    assert tasks.error_budget_problems(ok, 0.05) == []
+    over = tasks.error_budget_problems({**ok, "converted": 90, "failed": 10}, 0.05)
+    assert over == ["10 of 100 documents failed (10.0%), over the budget of 5.0%"]
+    lost = tasks.error_budget_problems({**ok, "failed": 1, "not_converted": 1}, 0.05)
+    assert "convert tasks that failed" in lost[0]
+    assert tasks.error_budget_problems({"converted": 0, "failed": 0, "skipped": 0}, 0.0) == []
+
+
+def test_event_documents_come_from_the_named_asset_only() -> None:
+    def event(key: str) -> SimpleNamespace:
+        body = json.dumps(
+            {"Records": [{"eventName": "ObjectCreated:Put", "s3": {"bucket": {"name": "b"}, "object": {"key": key}}}]}
+        )
+        return SimpleNamespace(
+            extra={"from_trigger": True, "payload": {"status": "success", "message_batch": [{"Body": body}]}}
+        )
+
+    events = {Asset(name="watched"): [event("a+1.pdf"), event("b.pdf")], Asset(name="other"): [event("c.pdf")]}
+    ctx = {"triggering_asset_events": events}
+    assert tasks.event_documents_body(ctx, "watched") == ["s3://b/a 1.pdf", "s3://b/b.pdf"]
+    assert tasks.event_documents_body(ctx) == ["s3://b/a 1.pdf", "s3://b/b.pdf", "s3://b/c.pdf"]
+    assert tasks.event_documents_body({"triggering_asset_events": {}}) == []
+
+
+def test_storage_options_come_from_the_aws_connection(
+    monkeypatch: pytest.MonkeyPatch, moto_server: str, s3_bucket: str
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", aws_connection(moto_server, DUMMY_KEY, DUMMY_SECRET, REGION))
+    options = tasks.storage_options()
+    assert options["key"] == DUMMY_KEY
+    assert options["client_kwargs"] == {"endpoint_url": moto_server, "region_name": REGION}
+    storage = tasks.storage_for([f"s3://{s3_bucket}/out/"])
+    storage.write_bytes_atomic(f"s3://{s3_bucket}/out/x.json", b"{}")
+    assert [info.uri for info in storage.list_objects(f"s3://{s3_bucket}/out/")] == [f"s3://{s3_bucket}/out/x.json"]
+    assert DUMMY_SECRET not in repr(storage)
+
+
+def test_local_uris_never_ask_aws_for_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tasks, "storage_options", lambda *_: pytest.fail("AWS was consulted"))
+    tasks.storage_for(["/data/in", "file:///data/out"])
+
+
+@pytest.mark.parametrize(
+    ("exception", "action"),
+    [
+        (ServerUnavailable("down"), RetryAction.RETRY),
+        (ServerNotReady("starting"), RetryAction.RETRY),
+        (StorageError("503"), RetryAction.RETRY),
+        (ValueError("bug"), RetryAction.FAIL),
+        (ConfigurationError("bad"), RetryAction.FAIL),
+    ],
+)
+def test_tasks_retry_only_infrastructure_failures(exception: Exception, action: RetryAction) -> None:
+    for task in (tasks.check_server, tasks.plan, tasks.convert, tasks.publish_manifest_task):
+        policy = task.kwargs["retry_policy"]
+        assert policy.evaluate(exception, try_number=1, max_tries=4).action is action
+
+
+def test_convert_runs_in_the_pool_with_backoff_and_readable_names() -> None:
+    kwargs = tasks.convert.kwargs
+    assert kwargs["pool"] == "olmocr_vllm"
+    assert kwargs["retries"] >= 2
+    assert kwargs["retry_exponential_backoff"] > 1
+    assert kwargs["map_index_template"] == "{{ batch_label }}"
+
+
+def _source(uri: str) -> SourceDocument:
+    return SourceDocument(info=ObjectInfo(uri=uri, size=1, etag=None, last_modified=H), stem="s")
+
+
+def test_batch_labels() -> None:
+    one = [_source("s3://b/inbox/2026/report.pdf")]
+    assert tasks.batch_label(one, "s3://b/inbox/") == "2026/report.pdf"
+    assert tasks.batch_label(one, "s3://b/elsewhere/") == "inbox/2026/report.pdf"
+    many = [_source(f"/data/in/sub/{name}.pdf") for name in ("a", "m", "z")]
+    assert tasks.batch_label(many, "/data/in") == "3 documents: a.pdf … z.pdf"
+    long = [_source("/in/" + "x" * 300 + ".pdf")]
+    assert len(tasks.batch_label(long, "/in")) <= 120
+
+
+def test_params_form() -> None:
+    params = tasks.ingest_params()
+    assert list(params) == [
+        "input_uri",
+        "output_uri",
+        "documents",
+        "scope",
+        "reprocess",
+        "max_documents",
+        "max_page_error_rate",
+        "max_document_error_rate",
+        "max_failed_attempts",
+        "max_concurrent_requests",
+    ]
+    for name, param in params.items():
+        assert param.schema.get("title"), name
+        assert param.description, name
+        assert param.schema.get("section"), name
+    assert params["scope"].value == "auto"
+    assert params["max_document_error_rate"].value == 0.05
+    assert params["max_page_error_rate"].value == 0.004
+    events = tasks.event_params()
+    assert "documents" not in events and "scope" not in events
+    assert {"output_uri", "reprocess", "max_document_error_rate"} <= set(events)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_check_server_fails_fast_on_the_wrong_model(monkeypatch: pytest.MonkeyPatch, standin: StandinServer) -> None:
+    value = {"conn_type": "olmocr_vllm", "host": standin.url, "extra": {"model": "other/model"}}
+    monkeypatch.setenv("AIRFLOW_CONN_OLMOCR_VLLM", json.dumps(value))
+    with pytest.raises(AirflowFailException, match="configured model is other/model"):
+        tasks.check_server_body()
+    value["extra"] = {"model": standin.model}
+    monkeypatch.setenv("AIRFLOW_CONN_OLMOCR_VLLM", json.dumps(value))
+    assert standin.model in tasks.check_server_body()
+
+
+def test_check_server_retries_an_unreachable_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    value = {
+        "conn_type": "olmocr_vllm",
+        "host": f"http://127.0.0.1:{_closed_port()}/v1",
+        "extra": {"readiness_timeout_s": 0.3},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_OLMOCR_VLLM", json.dumps(value))
+    with pytest.raises(ServerNotReady, match="is unreachable") as raised:
+        tasks.check_server_body()
+    policy = tasks.check_server.kwargs["retry_policy"]
+    assert policy.evaluate(raised.value, try_number=1, max_tries=5).action is RetryAction.RETRY
