@@ -435,7 +435,12 @@ class Storage:
         )
 
     def exists(self, uri: str) -> bool:
-        return self.stat(uri) is not None
+        """Whether the object exists; not being allowed to tell is a ``StorageError``."""
+        try:
+            return self.stat(uri) is not None
+        except UnreadableSourceError as exc:
+            # exists() serves outputs and state, where a forbidden answer is an environment problem.
+            raise StorageError(str(exc)) from None
 
     def stat(self, uri: str) -> ObjectInfo | None:
         """The object's metadata, None if it does not exist. Forbidden → ``UnreadableSourceError``."""
