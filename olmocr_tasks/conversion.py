@@ -30,6 +30,7 @@ from olmocr_tasks import __version__
 from olmocr_tasks.client import AttemptFailed, InferenceClient
 from olmocr_tasks.config import ConversionSettings
 from olmocr_tasks.errors import (
+    CorruptPdfError,
     DocumentError,
     ErrorRateExceededError,
     InfrastructureError,
@@ -239,7 +240,12 @@ class ConversionEngine:
     async def _convert_pages(
         self, source: SourceDocument, path: str, entry: DocumentEntry, admission: _Admission
     ) -> DocumentResult:
-        info = await self._renderer.inspect(path)
+        try:
+            info = await self._renderer.inspect(path)
+        except RenderError as exc:
+            # The pool has already replaced the worker; a PDF that kills or hangs PDFium while merely
+            # being opened is broken as far as we can tell, and retrying would only repeat the crash.
+            raise CorruptPdfError(f"the renderer could not open it ({exc.reason})") from None
         await admission.pages_known(info.page_count)
         if self._progress:
             self._progress.document_started(source.uri, info.page_count)

@@ -17,7 +17,6 @@ import re
 from datetime import date
 from typing import Any
 
-from olmocr_tasks.errors import EmptyDocumentError
 from olmocr_tasks.results import DocumentResult
 from olmocr_tasks.storage import Storage, is_s3, join_uri, local_path, safe_join, safe_relative_key, split_s3
 
@@ -152,14 +151,13 @@ def write_document_outputs(
 ) -> dict[str, str]:
     """Write the Dolma line (and the markdown) atomically; returns ``{"dolma": uri, "markdown": uri}``.
 
-    ``"markdown"`` is absent when ``write_markdown`` is false. A document whose text is empty raises
-    ``EmptyDocumentError``: olmOCR produces no record for it, and neither do we.
+    ``"markdown"`` is absent when ``write_markdown`` is false. A document whose pages hold no text
+    (blank scans) still gets its record and an empty markdown file: olmOCR silently drops it, which
+    makes it indistinguishable from a lost document and reconverts it on every run.
     """
     record = dolma_record(
         result, model=model, prompt_version=prompt_version, package_version=package_version, created=created
     )
-    if not record["text"]:
-        raise EmptyDocumentError(f"{result.source}: no text on any of its {result.page_count} pages")
     targets = output_uris(output_uri, stem)
     written: dict[str, str] = {}
     if write_markdown:

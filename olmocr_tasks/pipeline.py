@@ -139,18 +139,20 @@ def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
             break
         if not request.reprocess:
             state = snapshot.status(info)
-            if state.done:
+            if state == "done":
                 plan.already_converted += 1
                 continue
-            if state.failures >= request.max_failed_attempts:
+            if snapshot.is_dead_letter(info, request.max_failed_attempts):
+                last = ledger.last_failure(info)
+                reason = f"{last.error_class}: {last.error}" if last else "unknown"
                 plan.dead_letters.append(
                     DocumentEntry(
                         source=info.uri,
                         status="failed",
                         size=info.size,
                         error_class="dead_letter",
-                        error=f"failed {state.failures} times; last error: {state.last_error or 'unknown'}",
-                        failed_attempts=state.failures,
+                        error=f"failed in {snapshot.failures(info)} runs; last error: {reason}",
+                        failed_attempts=snapshot.failures(info),
                     )
                 )
                 continue

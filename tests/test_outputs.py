@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from olmocr_tasks.errors import EmptyDocumentError
 from olmocr_tasks.outputs import (
     OLMOCR_COMPAT_VERSION,
     dolma_line,
@@ -218,10 +217,13 @@ def test_write_outputs_without_markdown(tmp_path: Path) -> None:
     assert not (tmp_path / "markdown").exists()
 
 
-def test_empty_document_produces_no_output(tmp_path: Path) -> None:
-    with pytest.raises(EmptyDocumentError):
-        _write(_result([_page(1, None), _page(2, "")]), str(tmp_path), Storage())
-    assert list(tmp_path.iterdir()) == []
+def test_blank_document_is_recorded_with_empty_text(tmp_path: Path) -> None:
+    uris = _write(_result([_page(1, None), _page(2, None)]), str(tmp_path), Storage())
+    [line] = (tmp_path / "dolma").rglob("*.jsonl").__next__().read_text().splitlines()
+    record = json.loads(line)
+    assert record["text"] == "" and record["metadata"]["pdf-total-pages"] == 2
+    assert record["attributes"]["pdf_page_numbers"] == [[0, 0, 1], [0, 0, 2]]
+    assert Path(uris["markdown"]).read_text() == ""
 
 
 def test_write_outputs_s3(s3_bucket: str, s3_storage_options: dict[str, Any]) -> None:
