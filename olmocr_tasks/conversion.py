@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -132,7 +133,7 @@ class ConversionEngine:
             render_failed=RenderError,
         )
         self._spool_dir: str | None = None
-        self._content_in_progress: dict[str, asyncio.Future[dict[str, str]]] = {}
+        self._content_in_progress: dict[str, asyncio.Future[tuple[dict[str, str], str]]] = {}
 
     async def __aenter__(self) -> ConversionEngine:
         self._spool_dir = tempfile.mkdtemp(prefix="olmocr-tasks-")
@@ -188,15 +189,17 @@ class ConversionEngine:
 
             duplicate = await self._find_duplicate(entry.sha256)
             if duplicate is not None:
-                entry.status, entry.skip_reason, entry.outputs = "skipped", "duplicate_content", duplicate
+                entry.outputs, entry.duplicate_of = duplicate
+                entry.status, entry.skip_reason = "skipped", "duplicate_content"
                 await self._remember_done(source, entry)
                 return entry
 
-            claim: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
+            claim: asyncio.Future[tuple[dict[str, str], str]] = asyncio.get_running_loop().create_future()
             self._content_in_progress[entry.sha256] = claim
             try:
                 result = await self._convert_pages(source, local_path, entry, admission)
                 unfinished = 0
+                result.seconds = round(time.monotonic() - started, 3)
                 self._check_error_rate(result)
                 entry.outputs = await asyncio.to_thread(
                     write_document_outputs,
@@ -209,7 +212,7 @@ class ConversionEngine:
                     prompt_version=PROMPT_VERSION,
                     package_version=__version__,
                 )
-                claim.set_result(entry.outputs)
+                claim.set_result((entry.outputs, source.uri))
             finally:
                 if not claim.done():
                     claim.cancel()
@@ -287,13 +290,14 @@ class ConversionEngine:
         await asyncio.to_thread(self._storage.download, source.uri, path)
         return path
 
-    async def _find_duplicate(self, sha256: str) -> dict[str, str] | None:
+    async def _find_duplicate(self, sha256: str) -> tuple[dict[str, str], str] | None:
+        """Outputs and source of an earlier (or concurrent) conversion of the same bytes."""
         if self._reprocess:
             return None
         in_progress = self._content_in_progress.get(sha256)
         if in_progress is not None:
             try:
-                return dict(await asyncio.shield(in_progress))
+                return await asyncio.shield(in_progress)
             except asyncio.CancelledError:
                 if asyncio.current_task() and asyncio.current_task().cancelling():  # type: ignore[union-attr]
                     raise
@@ -301,12 +305,19 @@ class ConversionEngine:
         if self._ledger is None:
             return None
         record = await asyncio.to_thread(self._ledger.find_content, sha256)
-        return dict(record.outputs) if record is not None else None
+        return (dict(record.outputs), record.source) if record is not None else None
 
     async def _remember_done(self, source: SourceDocument, entry: DocumentEntry) -> None:
         if self._ledger is not None:
             await asyncio.to_thread(
-                self._ledger.mark_done, source.info, entry.sha256 or "", entry.outputs, self._run_id
+                functools.partial(
+                    self._ledger.mark_done,
+                    source.info,
+                    entry.sha256 or "",
+                    entry.outputs,
+                    self._run_id,
+                    duplicate_of=entry.duplicate_of,
+                )
             )
 
     async def _remember_failure(self, source: SourceDocument, entry: DocumentEntry) -> None:

@@ -56,6 +56,8 @@ class DocumentEntry:
     # How many runs have tried this source version and failed (dead-letter bookkeeping).
     failed_attempts: int = 0
     skip_reason: str | None = None
+    # For a skipped duplicate: the source whose identical bytes were converted (its outputs are reused).
+    duplicate_of: str | None = None
     # Per-page latencies (seconds of the accepted attempt) and the attempt each page succeeded on;
     # these feed the run's percentiles and histogram.
     page_latencies_s: list[float] = field(default_factory=list)
