@@ -187,15 +187,13 @@ class ConversionEngine:
             if entry.size > limit:
                 raise TooLargeError(f"{entry.size} bytes is over the limit of {limit} bytes")
 
-            duplicate = await self._find_duplicate(entry.sha256)
+            duplicate, claim = await self._claim_content(entry.sha256)
             if duplicate is not None:
                 entry.outputs, entry.duplicate_of = duplicate
                 entry.status, entry.skip_reason = "skipped", "duplicate_content"
                 await self._remember_done(source, entry)
                 return entry
-
-            claim: asyncio.Future[tuple[dict[str, str], str]] = asyncio.get_running_loop().create_future()
-            self._content_in_progress[entry.sha256] = claim
+            assert claim is not None
             try:
                 result = await self._convert_pages(source, local_path, entry, admission)
                 unfinished = 0
@@ -290,22 +288,39 @@ class ConversionEngine:
         await asyncio.to_thread(self._storage.download, source.uri, path)
         return path
 
-    async def _find_duplicate(self, sha256: str) -> tuple[dict[str, str], str] | None:
-        """Outputs and source of an earlier (or concurrent) conversion of the same bytes."""
-        if self._reprocess:
-            return None
-        in_progress = self._content_in_progress.get(sha256)
-        if in_progress is not None:
+    async def _claim_content(
+        self, sha256: str
+    ) -> tuple[tuple[dict[str, str], str] | None, asyncio.Future[tuple[dict[str, str], str]] | None]:
+        """Either an earlier (or concurrent) conversion of the same bytes, or a claim to convert them.
+
+        The claim is registered before anything is awaited, so identical files in one run are
+        converted once even when they are admitted together; the holder resolves it with its outputs
+        (or cancels it on failure, and a waiting copy then converts on its own).
+        """
+        while (in_progress := self._content_in_progress.get(sha256)) is not None:
             try:
-                return await asyncio.shield(in_progress)
+                return await asyncio.shield(in_progress), None
             except asyncio.CancelledError:
-                if asyncio.current_task() and asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
                     raise
-                return None  # the other copy failed: convert this one on its own
-        if self._ledger is None:
-            return None
-        record = await asyncio.to_thread(self._ledger.find_content, sha256)
-        return (dict(record.outputs), record.source) if record is not None else None
+                await asyncio.sleep(0)  # the holder removes its cancelled claim in its own cleanup
+        claim: asyncio.Future[tuple[dict[str, str], str]] = asyncio.get_running_loop().create_future()
+        self._content_in_progress[sha256] = claim
+        if self._reprocess or self._ledger is None:
+            return None, claim
+        try:
+            record = await asyncio.to_thread(self._ledger.find_content, sha256)
+        except BaseException:
+            claim.cancel()
+            self._content_in_progress.pop(sha256, None)
+            raise
+        if record is None:
+            return None, claim
+        found = (dict(record.outputs), record.source)
+        claim.set_result(found)
+        self._content_in_progress.pop(sha256, None)
+        return found, None
 
     async def _remember_done(self, source: SourceDocument, entry: DocumentEntry) -> None:
         if self._ledger is not None:
