@@ -66,6 +66,7 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-failed-attempts", type=_positive_int, default=3, help="runs before a dead letter")
     parser.add_argument("--read-timeout", type=float, default=300.0, help="seconds to wait for one answer")
     parser.add_argument("--outage-window", type=float, default=180.0, help="seconds of failures before giving up")
+    parser.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the server to be ready")
     parser.add_argument("--gpu-hour-price", type=float, help="price of one GPU hour, for the cost estimate")
     parser.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
     parser.set_defaults(func=_convert)
@@ -88,6 +89,7 @@ def _convert(args: argparse.Namespace) -> int:
             api_key=api_key,
             read_timeout_s=args.read_timeout,
             outage_window_s=args.outage_window,
+            readiness_timeout_s=args.ready_timeout,
             max_concurrent_requests=args.max_concurrent_requests,
             verify_tls=not args.insecure,
         ),

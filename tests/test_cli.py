@@ -1,0 +1,125 @@
+"""``olmocr-tasks convert`` as a user runs it: a real process, its exit codes and what it prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+
+from tests import pdfgen
+from tests.standin.server import StandinServer
+
+FAST = ["--read-timeout", "5", "--outage-window", "3", "--ready-timeout", "3"]
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "olmocr_tasks.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def test_converts_a_folder_exit_0_then_nothing_to_do(tmp_path: Path, standin: StandinServer) -> None:
+    pdfgen.write_pdf(tmp_path / "in" / "a.pdf", pdfgen.text_pdf(2, doc_id=1))
+    pdfgen.write_pdf(tmp_path / "in" / "deep" / "B.Pdf", pdfgen.text_pdf(1, doc_id=2))
+    out = tmp_path / "out"
+    first = cli("convert", str(tmp_path / "in"), str(out), "--server", standin.url, "--run-id", "first", *FAST)
+    assert first.returncode == 0, first.stderr
+    assert "converted 2, failed 0" in first.stdout
+    assert (out / "markdown" / "a.md").is_file() and (out / "markdown" / "deep" / "B.md").is_file()
+    manifest = json.loads((out / "manifests" / "first.json").read_text())
+    assert manifest["counts"]["pages"] == 3
+    # Not a terminal: periodic log lines and one summary, never a line per request.
+    assert "converting " in first.stderr and "finished: documents 2/2" in first.stderr
+    assert "HTTP Request" not in first.stderr
+
+    second = cli("convert", str(tmp_path / "in"), str(out), "--server", standin.url, *FAST)
+    assert second.returncode == 0
+    assert "converted 0, failed 0, skipped 0, already converted 2" in second.stdout
+
+
+def test_single_file_and_no_markdown(tmp_path: Path, standin: StandinServer) -> None:
+    pdf = pdfgen.write_pdf(tmp_path / "one.pdf", pdfgen.text_pdf(1, doc_id=3))
+    result = cli("convert", str(pdf), str(tmp_path / "out"), "--server", standin.url, "--no-markdown", *FAST)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "dolma" / "one.jsonl").is_file()
+    assert not (tmp_path / "out" / "markdown").exists()
+
+
+def test_failed_documents_exit_1_and_are_listed(tmp_path: Path, standin: StandinServer) -> None:
+    pdfgen.write_pdf(tmp_path / "in" / "good.pdf", pdfgen.text_pdf(1, doc_id=1))
+    pdfgen.write_pdf(tmp_path / "in" / "locked.pdf", pdfgen.encrypted_pdf())
+    result = cli("convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, *FAST)
+    assert result.returncode == 1
+    assert "locked.pdf: encrypted" in result.stdout and "converted 1, failed 1" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-page-error-rate", "2"], "must be between 0 and 1"),
+        (["--max-concurrent-requests", "0"], "must be at least 1"),
+        (["--api-key-env", "OLMOCR_TEST_UNSET_VARIABLE"], "OLMOCR_TEST_UNSET_VARIABLE is not set"),
+    ],
+)
+def test_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "in").mkdir()
+    result = cli("convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", "http://127.0.0.1:9/v1", *args)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_missing_input_is_a_usage_error(tmp_path: Path) -> None:
+    result = cli("convert", str(tmp_path / "nope"), str(tmp_path / "out"), "--server", "http://127.0.0.1:9/v1")
+    assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+def test_server_unavailable_exit_3_and_the_api_key_never_printed(tmp_path: Path, standin: StandinServer) -> None:
+    secret = "sk-canary-7d1f0c55b2"
+    standin.configure(api_key=secret)
+    pdfgen.write_pdf(tmp_path / "in" / "a.pdf", pdfgen.text_pdf(1, doc_id=1))
+    env = {"OLMOCR_TEST_KEY": secret}
+    ok = cli(
+        "--log-level", "DEBUG", "convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url,
+        "--api-key-env", "OLMOCR_TEST_KEY", *FAST, env=env,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    wrong = cli(
+        "convert", str(tmp_path / "in"), str(tmp_path / "out2"), "--server", standin.url, *FAST,
+    )  # fmt: skip
+    assert wrong.returncode == 3 and "401" in wrong.stderr
+    standin.refuse_for(None)
+    down = cli(
+        "convert", str(tmp_path / "in"), str(tmp_path / "out3"), "--server", standin.url,
+        "--api-key-env", "OLMOCR_TEST_KEY", *FAST, env=env,
+    )  # fmt: skip
+    assert down.returncode == 3 and "unavailable" in down.stderr
+    for result in (ok, wrong, down):
+        assert secret not in result.stdout + result.stderr
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert secret not in path.read_text(errors="replace"), path
+
+
+def test_s3_input_and_output(s3_env: str, s3_bucket: str, tmp_path: Path, standin: StandinServer) -> None:
+    client = boto3.client("s3")
+    client.put_object(Bucket=s3_bucket, Key="inbox/a b.pdf", Body=pdfgen.text_pdf(2, doc_id=1))
+    client.put_object(Bucket=s3_bucket, Key="inbox/x/Y.PDF", Body=pdfgen.text_pdf(1, doc_id=2))
+    client.put_object(Bucket=s3_bucket, Key="inbox/notes.txt", Body=b"not a pdf, not discovered")
+    result = cli(
+        "convert", f"s3://{s3_bucket}/inbox/", f"s3://{s3_bucket}/out", "--server", standin.url,
+        "--run-id", "s3run", *FAST,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    keys = {item["Key"] for item in client.list_objects_v2(Bucket=s3_bucket, Prefix="out/")["Contents"]}
+    assert {"out/markdown/a b.md", "out/markdown/x/Y.md", "out/dolma/a b.jsonl", "out/manifests/s3run.json"} <= keys
+    body = client.get_object(Bucket=s3_bucket, Key="out/markdown/a b.md")["Body"].read().decode()
+    assert "document 1 page 1" in body and "document 1 page 2" in body
