@@ -1,6 +1,6 @@
 """Convert exactly the PDFs named by S3 event notifications, as soon as they arrive through SQS.
 
-    documents_from_events ─► check_server ─► plan ─► convert[batch…] ─► publish_manifest ─► enforce_error_budget
+    check_server ─► plan (reads the events) ─► convert[batch…] ─► publish_manifest ─► enforce_error_budget
 
 An ``AssetWatcher`` polls the SQS queue that receives the bucket's ``ObjectCreated`` notifications;
 each batch of messages becomes an asset event, and the events that accumulated trigger one run.
@@ -21,7 +21,7 @@ import os
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import Asset, AssetWatcher, dag
 
-from olmocr_tasks.provider.tasks import AWS_CONN_ID, conversion_flow, documents_from_events, event_params
+from olmocr_tasks.provider.tasks import AWS_CONN_ID, conversion_flow, event_params
 
 QUEUE_PLACEHOLDER = "https://sqs.us-east-1.amazonaws.com/000000000000/set-OLMOCR_SQS_QUEUE_URL"
 ASSET_NAME = "olmocr_s3_object_created"
@@ -55,7 +55,7 @@ s3_object_created = Asset(
     doc_md=__doc__,
 )
 def olmocr_s3_events() -> None:
-    conversion_flow(documents=documents_from_events(ASSET_NAME))
+    conversion_flow(event_asset=ASSET_NAME)
 
 
 olmocr_s3_events()

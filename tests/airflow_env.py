@@ -79,7 +79,8 @@ class DagTestResult:
     returncode: int
     state: str | None
     run_id: str | None
-    seconds: float
+    seconds: float  # wall time of the subprocess
+    dag_seconds: float | None  # inside dag.test(): the run itself, without imports and parsing
     output: str = field(repr=False)
 
     @property
@@ -155,13 +156,19 @@ class AirflowEnv:
             command, env=self.env, cwd=REPO_ROOT, text=True, capture_output=True, timeout=timeout, check=False
         )
         output = result.stdout + result.stderr
-        state = run_id = None
+        summary: dict[str, Any] = {}
         for line in reversed(result.stdout.splitlines()):
             if line.startswith(RESULT_PREFIX):
                 summary = json.loads(line[len(RESULT_PREFIX) :])
-                state, run_id = summary["state"], summary["run_id"]
                 break
-        return DagTestResult(result.returncode, state, run_id, time.monotonic() - started, output)
+        return DagTestResult(
+            result.returncode,
+            summary.get("state"),
+            summary.get("run_id"),
+            time.monotonic() - started,
+            summary.get("seconds"),
+            output,
+        )
 
     def xcom_sizes(self) -> list[tuple[str, str, str, int, int]]:
         """``(dag_id, run_id, task_id, map_index, bytes)`` of every XCom value in the metadata DB."""
@@ -190,7 +197,9 @@ def prepare(home: Path, pool_slots: int = 4) -> AirflowEnv:
 # ----------------------------------------------------------------------------------- the driver
 
 
-def _shape_runs(run_type: str | None, interval: tuple[Any, Any] | None, extras: list[dict[str, Any]]) -> None:
+def _shape_runs(
+    run_type: str | None, interval: tuple[Any, Any] | None, extras: list[dict[str, Any]], asset_name: str | None
+) -> None:
     """Make the run ``dag.test`` creates look like one the scheduler or the triggerer would create.
 
     ``dag.test`` only creates manual runs whose data interval is inferred from the logical date. A
@@ -202,21 +211,22 @@ def _shape_runs(run_type: str | None, interval: tuple[Any, Any] | None, extras: 
     from airflow.utils.types import DagRunType
 
     create = dagrun_module.get_or_create_dagrun
+    shaped_type = DagRunType.ASSET_TRIGGERED if extras else DagRunType(run_type) if run_type else None
 
     def create_shaped(*, dag: Any, session: Any, **kwargs: Any) -> Any:
-        run = create(dag=dag, session=session, **kwargs)
-        if run_type is not None:
-            run.run_type = DagRunType(run_type)
         if interval is not None:
-            run.data_interval_start, run.data_interval_end = interval
+            kwargs["data_interval"] = interval
+        # The run keeps dag.test's "manual__" id: create_dagrun reserves the other prefixes for their
+        # types, and the tasks only look at run_type, the interval and the events.
+        run = create(dag=dag, session=session, **kwargs)
+        if shaped_type is not None:
+            run.run_type = shaped_type
         if extras:
-            name = next(iter(dag.timetable.asset_condition.iter_assets().values())).name
-            asset = session.query(AssetModel).filter(AssetModel.name == name).one()
+            asset = session.query(AssetModel).filter(AssetModel.name == asset_name).one()
             events = [AssetEvent(asset_id=asset.id, extra=extra) for extra in extras]
             session.add_all(events)
             session.flush()
             run.consumed_asset_events.extend(events)
-            run.run_type = DagRunType.ASSET_TRIGGERED
         session.commit()
         return run
 
@@ -230,10 +240,12 @@ def _dag_test(args: argparse.Namespace) -> int:
     bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
     if bag.import_errors:
         print(json.dumps(bag.import_errors, indent=1), file=sys.stderr)
-    dag = bag.get_dag(args.dag_id)
+    dag = bag.dags[args.dag_id]
     extras = [json.loads(item) for item in args.asset_event]
     interval = tuple(timezone.parse(item) for item in args.data_interval) if args.data_interval else None
-    _shape_runs(args.run_type, interval, extras)
+    # The first asset the DAG is scheduled on receives the events.
+    assets = getattr(getattr(dag.timetable, "asset_condition", None), "objects", ())
+    _shape_runs(args.run_type, interval, extras, assets[0].name if assets else None)
     logical: Any
     if args.logical_date == "none":
         logical = None

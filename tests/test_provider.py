@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -300,3 +301,49 @@ def test_check_server_retries_an_unreachable_server(monkeypatch: pytest.MonkeyPa
         tasks.check_server_body()
     policy = tasks.check_server.kwargs["retry_policy"]
     assert policy.evaluate(raised.value, try_number=1, max_tries=5).action is RetryAction.RETRY
+
+
+def _sparse_pdfs(folder: Path, count: int, size: int) -> None:
+    # Planning reads listings only, so sparse files of the right size stand in for large PDFs.
+    folder.mkdir()
+    for index in range(count):
+        with open(folder / f"big-{index}.pdf", "wb") as handle:
+            handle.truncate(size)
+
+
+@pytest.mark.usefixtures("vllm_conn")
+def test_plan_gives_large_documents_their_own_instance(tmp_path: Path) -> None:
+    _sparse_pdfs(tmp_path / "in", 3, 3 * 1024 * 1024)
+    descriptors = tasks.plan_body(context({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")}))
+    assert sorted(d["label"] for d in descriptors) == ["big-0.pdf", "big-1.pdf", "big-2.pdf"]
+    assert [d["batch"] for d in descriptors] == ["b00000", "b00001", "b00002"]
+
+
+@pytest.mark.usefixtures("vllm_conn")
+def test_plan_packs_documents_within_max_map_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _sparse_pdfs(tmp_path / "in", 5, 3 * 1024 * 1024)
+    output = tmp_path / "out"
+    ctx = context({"input_uri": str(tmp_path / "in"), "output_uri": str(output)})
+    run_dir = output / "_runs" / "olmocr_ingest__manual__2026-03-01T10_00_00+00_00"
+    # A part left by an earlier attempt of the same run must not reach this attempt's manifest.
+    (run_dir / "parts").mkdir(parents=True)
+    (run_dir / "parts" / "b00007.json").write_text("[]")
+    monkeypatch.setattr(tasks, "max_map_length", lambda: 2)
+
+    descriptors = tasks.plan_body(ctx)
+
+    assert 1 <= len(descriptors) <= 2
+    assert sum(d["documents"] for d in descriptors) == 5
+    packed = [d for d in descriptors if d["documents"] > 1]
+    assert packed
+    assert all(re.fullmatch(r"\d+ documents: big-\d\.pdf … big-\d\.pdf", d["label"]) for d in packed)
+    assert len(json.dumps(descriptors)) < 500
+    batch_files = sorted(path.name for path in (run_dir / "batches").iterdir())
+    assert batch_files == [f"{d['batch']}.json" for d in descriptors]
+    listed = [
+        item["uri"]
+        for d in descriptors
+        for item in json.loads((run_dir / "batches" / f"{d['batch']}.json").read_text())
+    ]
+    assert sorted(listed) == sorted(str(tmp_path / "in" / f"big-{i}.pdf") for i in range(5))
+    assert not (run_dir / "parts" / "b00007.json").exists()

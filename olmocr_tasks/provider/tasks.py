@@ -5,9 +5,10 @@ The DAG files only choose a schedule and call ``conversion_flow``::
     check_server ─► plan ─► convert[batch…] ─► publish_manifest ─► enforce_error_budget
 
 * ``check_server`` asks the ``olmocr_vllm`` connection's server whether it serves the model.
-* ``plan`` resolves the run's Params and ``dag_run`` into a ``RunRequest``, discovers what to convert,
-  writes the plan and one small file per batch under ``OUTPUT/_runs/<run>/``, and returns batch
-  descriptors (``{"batch": "b00012", "label": "inbox/report.pdf", "documents": 1}``).
+* ``plan`` resolves the run's Params and ``dag_run`` (and, in the S3-event DAG, its triggering asset
+  events) into a ``RunRequest``, discovers what to convert, writes the plan and one small file per
+  batch under ``OUTPUT/_runs/<run>/``, and returns batch descriptors
+  (``{"batch": "b00012", "label": "inbox/report.pdf", "documents": 1}``).
 * ``convert`` is mapped over the descriptors; each instance converts its batch and writes a part file.
 * ``publish_manifest`` (``all_done``) merges plan and parts into the run manifest, even when some
   batches failed, and emits an event on ``OUTPUTS_ASSET``.
@@ -75,7 +76,8 @@ SCOPES = ("auto", "interval", "all")
 # Run types whose data interval is a real window of time to discover in.
 _INTERVAL_RUN_TYPES = frozenset({"scheduled", "backfill"})
 BATCHES_DIR = "batches"
-_LABEL_CHARS = 120
+# Long enough to recognise a document in the grid; 1000 batch descriptors stay around 100 KB.
+_LABEL_CHARS = 80
 
 # A server that is starting or a storage outage is worth waiting for; anything else (a bug, a
 # misconfiguration) would fail the same way on every retry, so it fails at once.
@@ -406,8 +408,12 @@ def _clear_earlier_attempt(request: RunRequest, storage: Storage) -> None:
         storage.delete(uri)
 
 
-def plan_body(context: Mapping[str, Any], documents: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Discover, write the plan and the batches; return one small descriptor per batch."""
+def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> list[dict[str, Any]]:
+    """Discover, write the plan and the batches; return one small descriptor per batch.
+
+    With ``event_asset`` the documents are exactly those named by the run's events on that asset.
+    """
+    documents = event_documents_body(context, event_asset) if event_asset is not None else None
     try:
         request = build_request(context, documents)
     except ConfigurationError as exc:
@@ -560,9 +566,9 @@ def check_server() -> None:
     retry_exponential_backoff=2.0,
     retry_policy=_INFRASTRUCTURE_RETRIES,
 )
-def plan(documents: list[str] | None = None) -> list[dict[str, Any]]:
-    """Discover the PDFs to convert and pack them into batches."""
-    return plan_body(get_current_context(), documents)
+def plan(event_asset: str | None = None) -> list[dict[str, Any]]:
+    """Discover the PDFs to convert (or read them from the triggering events) and pack them into batches."""
+    return plan_body(get_current_context(), event_asset)
 
 
 @task(
@@ -599,20 +605,15 @@ def enforce_error_budget() -> None:
     enforce_error_budget_body(get_current_context())
 
 
-@task
-def documents_from_events(asset_name: str | None = None) -> list[str]:
-    """The PDFs named by the S3 event notifications that triggered this run."""
-    return event_documents_body(get_current_context(), asset_name)
-
-
-def conversion_flow(documents: XComArg | list[str] | None = None) -> XComArg:
+def conversion_flow(event_asset: str | None = None) -> XComArg:
     """Lay out the shared task graph in the current DAG; returns the final task's output.
 
-    ``documents``: explicit PDFs (e.g. the output of ``documents_from_events``); None lets the run's
-    Params decide.
+    ``event_asset``: convert exactly the PDFs named by the run's events on this asset (the S3-event
+    DAG); None lets the run's Params decide. The events are read inside ``plan`` rather than handed
+    over through XCom, because a burst of uploads can name thousands of objects.
     """
     server = check_server()
-    batches = plan(documents=documents)
+    batches = plan(event_asset=event_asset)
     converted = convert.expand(batch=batches)
     published = publish_manifest_task.override(task_id="publish_manifest")()
     budget = enforce_error_budget()

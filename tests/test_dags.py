@@ -1,0 +1,415 @@
+"""The DAGs on a real Airflow: DagBag integrity, structure, and whole runs with ``dag.test()``.
+
+Runs go through ``tests.airflow_env`` (one subprocess per DAG run, SQLite metadata DB, the vLLM
+stand-in, S3 on the moto server) and are judged by what they leave behind: the manifest and outputs
+they publish, the run's state, task states and XCom sizes in the metadata DB, asset events.
+
+``dag.test`` can only create manual runs, so scheduled, backfill and asset-triggered runs are shaped
+by the driver (run type, the scheduler's data interval, consumed asset events) before any task runs;
+the tasks then read all of it through Airflow's own context, as in production.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from olmocr_tasks.manifest import safe_run_id
+from olmocr_tasks.storage import Storage
+from tests.airflow_env import REPO_ROOT, AirflowEnv, DagTestResult, base_env
+from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
+from tests.pdfgen import not_a_pdf, text_pdf
+
+# Beyond a few KB an XCom is carrying data, not references.
+MAX_XCOM_BYTES = 4096
+
+
+# ----------------------------------------------------------------------------------- integrity
+
+_DAGBAG_REPORT = """
+import json, os
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+events = bag.dags.get("olmocr_s3_events")
+assets = list(events.timetable.asset_condition.objects) if events else []
+watcher = assets[0].watchers[0] if assets else None
+ingest = bag.dags.get("olmocr_ingest")
+print(json.dumps({
+    "errors": {path: str(error) for path, error in bag.import_errors.items()},
+    "dags": sorted(bag.dags),
+    "schedule": ingest.timetable.expression if ingest else None,
+    "max_active_runs": ingest.max_active_runs if ingest else None,
+    # MessageQueueTrigger(scheme="sqs") must resolve to the amazon provider's trigger.
+    "trigger": type(watcher.trigger.trigger).__name__ if watcher else None,
+    "queue": watcher.trigger.trigger.sqs_queue if watcher else None,
+}))
+"""
+
+
+@pytest.mark.parametrize("configured", [False, True], ids=["defaults", "configured"])
+def test_dagbag_imports_every_dag_without_errors(tmp_path: Path, configured: bool) -> None:
+    env = base_env(tmp_path)
+    if configured:
+        env |= {
+            "OLMOCR_SQS_QUEUE_URL": "https://sqs.eu-west-1.amazonaws.com/123456789012/pdf-events",
+            "OLMOCR_SCHEDULE": "*/15 * * * *",
+            "OLMOCR_MAX_ACTIVE_RUNS": "5",
+        }
+    result = subprocess.run(
+        [sys.executable, "-c", _DAGBAG_REPORT],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["errors"] == {}
+    assert report["dags"] == ["olmocr_ingest", "olmocr_s3_events"]
+    assert report["trigger"] == "SqsSensorTrigger"
+    if configured:
+        assert report["schedule"] == "*/15 * * * *"
+        assert report["max_active_runs"] == 5
+        assert report["queue"].endswith("/pdf-events")
+    else:
+        assert report["schedule"] == "0 * * * *"
+        assert report["max_active_runs"] == 2
+        assert "set-OLMOCR_SQS_QUEUE_URL" in report["queue"]
+
+
+@pytest.fixture(scope="module")
+def dagbag() -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
+    assert bag.import_errors == {}
+    return bag
+
+
+def _downstream(dag: Any) -> dict[str, set[str]]:
+    return {t.task_id: set(t.downstream_task_ids) for t in dag.tasks}
+
+
+def test_ingest_dag_structure(dagbag: Any) -> None:
+    from airflow.sdk import CronDataIntervalTimetable, TriggerRule
+
+    dag = dagbag.dags["olmocr_ingest"]
+    assert isinstance(dag.timetable, CronDataIntervalTimetable)
+    assert dag.catchup is False
+    assert _downstream(dag) == {
+        "check_server": {"plan"},
+        "plan": {"convert"},
+        "convert": {"publish_manifest"},
+        "publish_manifest": {"enforce_error_budget"},
+        "enforce_error_budget": set(),
+    }
+    convert = dag.get_task("convert")
+    assert convert.pool == "olmocr_vllm"
+    assert convert.map_index_template == "{{ batch_label }}"
+    assert dag.get_task("publish_manifest").trigger_rule == TriggerRule.ALL_DONE
+    assert dag.get_task("enforce_error_budget").trigger_rule == TriggerRule.ALL_DONE
+    assert [outlet.name for outlet in dag.get_task("publish_manifest").outlets] == ["olmocr_outputs"]
+    assert dag.params["scope"] == "auto"
+
+
+def test_event_dag_shares_the_conversion_tasks(dagbag: Any) -> None:
+    ingest, events = dagbag.dags["olmocr_ingest"], dagbag.dags["olmocr_s3_events"]
+    assert _downstream(events) == _downstream(ingest)
+    for task_id in _downstream(ingest):
+        assert events.get_task(task_id).python_callable is ingest.get_task(task_id).python_callable
+    (asset,) = events.timetable.asset_condition.objects
+    (watcher,) = asset.watchers
+    assert type(watcher.trigger).__name__ == "MessageQueueTrigger"
+    assert watcher.trigger.scheme == "sqs"
+    assert watcher.trigger.kwargs["aws_conn_id"] == "aws_default"
+
+
+# ------------------------------------------------------------------------------------ DAG runs
+
+
+def _check(result: DagTestResult, expect_success: bool = True) -> None:
+    assert result.succeeded is expect_success, f"run {result.state} (exit {result.returncode}):\n{result.tail()}"
+
+
+def _read_manifest(storage: Storage, output_uri: str, dag_id: str, result: DagTestResult) -> dict[str, Any]:
+    assert result.run_id
+    uri = f"{output_uri.rstrip('/')}/manifests/{safe_run_id(f'{dag_id}__{result.run_id}')}.json"
+    return json.loads(storage.read_bytes(uri))
+
+
+def _by_source(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {doc["source"]: doc for doc in manifest["documents"]}
+
+
+def _assert_small_xcom(airflow: AirflowEnv, run_ids: list[str | None]) -> None:
+    sizes = [row for row in airflow.xcom_sizes() if row[1] in run_ids]
+    assert sizes, "the runs pushed no XCom at all"
+    too_big = [row for row in sizes if row[4] > MAX_XCOM_BYTES]
+    assert not too_big, too_big
+
+
+def _asset_events(airflow: AirflowEnv, name: str) -> list[dict[str, Any]]:
+    with sqlite3.connect(airflow.home / "airflow.db") as db:
+        rows = db.execute(
+            "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.name = ? ORDER BY e.id",
+            (name,),
+        ).fetchall()
+    return [json.loads(extra) if extra else {} for (extra,) in rows]
+
+
+def _put(bucket: str, endpoint: str, objects: dict[str, bytes]) -> None:
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id=DUMMY_KEY,
+        aws_secret_access_key=DUMMY_SECRET,
+    )
+    for key, body in objects.items():
+        client.put_object(Bucket=bucket, Key=key, Body=body)
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_scheduled_run_on_s3_then_a_run_with_nothing_new(
+    airflow_env: AirflowEnv, moto_server: str, s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    # The objects' LastModified is "now"; the run owns the hour around it (never an hour about to end).
+    now = datetime.now(UTC)
+    if now.minute == 59 and now.second > 30:
+        time.sleep(61 - now.second)
+    start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    end = start + timedelta(hours=1)
+    _put(
+        s3_bucket,
+        moto_server,
+        {
+            "inbox/a.pdf": text_pdf(2, 1),
+            "inbox/nested/B.PDF": text_pdf(1, 2),
+            "inbox/notes.txt": b"not a pdf",
+        },
+    )
+    conf = {"input_uri": f"s3://{s3_bucket}/inbox/", "output_uri": f"s3://{s3_bucket}/out/"}
+    scheduled = airflow_env.dag_test(
+        "olmocr_ingest",
+        logical_date=_iso(start),
+        conf=conf,
+        run_type="scheduled",
+        data_interval=(_iso(start), _iso(end)),
+    )
+    _check(scheduled)
+    storage = Storage(s3_storage_options)
+    manifest = _read_manifest(storage, conf["output_uri"], "olmocr_ingest", scheduled)
+    docs = _by_source(manifest)
+    assert set(docs) == {f"s3://{s3_bucket}/inbox/a.pdf", f"s3://{s3_bucket}/inbox/nested/B.PDF"}
+    assert {doc["status"] for doc in docs.values()} == {"converted"}
+    assert manifest["counts"]["pages"] == 3
+    assert storage.exists(f"s3://{s3_bucket}/out/markdown/a.md")
+    assert storage.exists(f"s3://{s3_bucket}/out/markdown/nested/B.md")
+    entry = docs[f"s3://{s3_bucket}/inbox/a.pdf"]
+    assert entry["task"]["dag_id"] == "olmocr_ingest"
+    assert entry["task"]["task_id"] == "convert"
+    assert entry["task"]["run_id"] == scheduled.run_id
+    # The outputs asset announces the manifest to downstream DAGs.
+    (event,) = [
+        e for e in _asset_events(airflow_env, "olmocr_outputs") if e.get("run_id", "").endswith(scheduled.run_id)
+    ]
+    assert event["manifest"].endswith(".json")
+    assert event["converted"] == 2
+
+    # A manual run right after: scope "auto" means everything, and everything is already converted.
+    again = airflow_env.dag_test("olmocr_ingest", conf=conf)
+    _check(again)
+    manifest = _read_manifest(storage, conf["output_uri"], "olmocr_ingest", again)
+    assert manifest["documents"] == []
+    assert manifest["counts"]["already_converted"] == 2
+    states = airflow_env.task_states("olmocr_ingest", again.run_id or "")
+    assert states[("convert", -1)] == "skipped"
+    assert states[("enforce_error_budget", -1)] == "success"
+    _assert_small_xcom(airflow_env, [scheduled.run_id, again.run_id])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_backfill_intervals_take_only_their_own_pdfs_and_reprocess_converts_again(
+    airflow_env: AirflowEnv, tmp_path: Path
+) -> None:
+    inbox, output = tmp_path / "inbox", tmp_path / "out"
+    inbox.mkdir()
+    hour = datetime(2026, 3, 1, 10, tzinfo=UTC)
+    files = {
+        "early.pdf": (text_pdf(1, 11), hour + timedelta(minutes=5)),
+        "late.pdf": (text_pdf(1, 12), hour + timedelta(hours=1, minutes=30)),
+        "later.pdf": (text_pdf(1, 13), hour + timedelta(hours=5)),
+    }
+    for name, (data, modified) in files.items():
+        path = inbox / name
+        path.write_bytes(data)
+        os.utime(path, (modified.timestamp(), modified.timestamp()))
+    conf = {"input_uri": str(inbox), "output_uri": str(output)}
+    storage = Storage()
+    runs = []
+    for start, expected in ((hour, "early.pdf"), (hour + timedelta(hours=1), "late.pdf")):
+        end = start + timedelta(hours=1)
+        result = airflow_env.dag_test(
+            "olmocr_ingest",
+            logical_date=_iso(start),
+            conf=conf,
+            run_type="backfill",
+            data_interval=(_iso(start), _iso(end)),
+        )
+        _check(result)
+        manifest = _read_manifest(storage, str(output), "olmocr_ingest", result)
+        assert [doc["source"] for doc in manifest["documents"]] == [str(inbox / expected)]
+        assert manifest["documents"][0]["status"] == "converted"
+        runs.append(result.run_id)
+
+    reprocess = airflow_env.dag_test("olmocr_ingest", conf={**conf, "reprocess": True, "scope": "all"})
+    _check(reprocess)
+    manifest = _read_manifest(storage, str(output), "olmocr_ingest", reprocess)
+    docs = _by_source(manifest)
+    assert set(docs) == {str(inbox / name) for name in files}
+    assert {doc["status"] for doc in docs.values()} == {"converted"}
+    _assert_small_xcom(airflow_env, [*runs, reprocess.run_id])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_explicit_documents_list_converts_only_those(airflow_env: AirflowEnv, tmp_path: Path) -> None:
+    inbox, output = tmp_path / "inbox", tmp_path / "out"
+    inbox.mkdir()
+    for doc_id, name in enumerate(("wanted.pdf", "other.pdf"), start=21):
+        (inbox / name).write_bytes(text_pdf(1, doc_id))
+    missing = str(inbox / "missing.pdf")
+    conf = {
+        "input_uri": str(inbox),
+        "output_uri": str(output),
+        "documents": [str(inbox / "wanted.pdf"), missing],
+        # The missing document is one failure in two: allow it, this test is about selection.
+        "max_document_error_rate": 1.0,
+    }
+    result = airflow_env.dag_test("olmocr_ingest", logical_date=None, conf=conf)
+    _check(result)
+    docs = _by_source(_read_manifest(Storage(), str(output), "olmocr_ingest", result))
+    assert set(docs) == {str(inbox / "wanted.pdf"), missing}
+    assert docs[str(inbox / "wanted.pdf")]["status"] == "converted"
+    assert docs[missing]["status"] == "failed"
+    assert not (output / "markdown" / "other.md").exists()
+
+
+def _s3_event_body(bucket: str, *records: tuple[str, str]) -> str:
+    return json.dumps(
+        {
+            "Records": [
+                {"eventSource": "aws:s3", "eventName": name, "s3": {"bucket": {"name": bucket}, "object": {"key": key}}}
+                for name, key in records
+            ]
+        }
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_s3_event_run_converts_exactly_the_created_objects(
+    airflow_env: AirflowEnv, moto_server: str, s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    _put(
+        s3_bucket,
+        moto_server,
+        {
+            "inbox/a b+c.pdf": text_pdf(1, 31),
+            "inbox/x.pdf": text_pdf(1, 32),
+            "inbox/untouched.pdf": text_pdf(1, 33),
+            "inbox/notes.txt": b"text",
+        },
+    )
+    first = {
+        "from_trigger": True,
+        "payload": {
+            "status": "success",
+            "message_batch": [
+                {
+                    "MessageId": "1",
+                    "Body": _s3_event_body(
+                        s3_bucket,
+                        ("ObjectCreated:Put", "inbox/a+b%2Bc.pdf"),
+                        ("ObjectRemoved:Delete", "inbox/gone.pdf"),
+                    ),
+                },
+                {"MessageId": "2", "Body": json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent"})},
+                {
+                    "MessageId": "3",
+                    "Body": _s3_event_body(
+                        s3_bucket, ("ObjectCreated:Put", "inbox/a+b%2Bc.pdf"), ("ObjectCreated:Put", "inbox/notes.txt")
+                    ),
+                },
+            ],
+        },
+    }
+    second = {
+        "from_trigger": True,
+        "payload": {
+            "status": "success",
+            "message_batch": [
+                {
+                    "MessageId": "4",
+                    "Body": _s3_event_body(s3_bucket, ("ObjectCreated:CompleteMultipartUpload", "inbox/x.pdf")),
+                }
+            ],
+        },
+    }
+    airflow = airflow_env.with_env(
+        OLMOCR_INPUT_URI=f"s3://{s3_bucket}/inbox/", OLMOCR_OUTPUT_URI=f"s3://{s3_bucket}/out/"
+    )
+    result = airflow.dag_test("olmocr_s3_events", logical_date=None, asset_events=[first, second])
+    _check(result)
+    storage = Storage(s3_storage_options)
+    docs = _by_source(_read_manifest(storage, f"s3://{s3_bucket}/out/", "olmocr_s3_events", result))
+    assert set(docs) == {f"s3://{s3_bucket}/inbox/a b+c.pdf", f"s3://{s3_bucket}/inbox/x.pdf"}
+    assert {doc["status"] for doc in docs.values()} == {"converted"}
+    with sqlite3.connect(airflow.home / "airflow.db") as db:
+        (row,) = db.execute(
+            "SELECT run_type, logical_date FROM dag_run WHERE dag_id = 'olmocr_s3_events' AND run_id = ?",
+            (result.run_id,),
+        ).fetchall()
+    assert row == ("asset_triggered", None)
+    _assert_small_xcom(airflow, [result.run_id])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_run_over_its_error_budget_fails_after_publishing_the_manifest(airflow_env: AirflowEnv, tmp_path: Path) -> None:
+    inbox, output = tmp_path / "inbox", tmp_path / "out"
+    inbox.mkdir()
+    (inbox / "good.pdf").write_bytes(text_pdf(1, 41))
+    (inbox / "bad-1.pdf").write_bytes(not_a_pdf())
+    (inbox / "bad-2.pdf").write_bytes(not_a_pdf())
+    result = airflow_env.dag_test("olmocr_ingest", conf={"input_uri": str(inbox), "output_uri": str(output)})
+    _check(result, expect_success=False)
+    assert result.state == "failed"
+    manifest = _read_manifest(Storage(), str(output), "olmocr_ingest", result)
+    assert manifest["counts"]["converted"] == 1
+    assert manifest["counts"]["failed"] == 2
+    assert {doc["error_class"] for doc in manifest["documents"] if doc["status"] == "failed"} == {"not_pdf"}
+    states = airflow_env.task_states("olmocr_ingest", result.run_id or "")
+    assert states[("publish_manifest", -1)] == "success"
+    assert states[("enforce_error_budget", -1)] == "failed"
+    # Document failures are recorded, not raised: every convert instance succeeded.
+    assert {state for (task, _), state in states.items() if task == "convert"} == {"success"}
+    assert "over the budget of 5.0%" in result.output
