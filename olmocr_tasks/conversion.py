@@ -189,8 +189,14 @@ class ConversionEngine:
 
             duplicate, claim = await self._claim_content(entry.sha256)
             if duplicate is not None:
-                entry.outputs, entry.duplicate_of = duplicate
-                entry.status, entry.skip_reason = "skipped", "duplicate_content"
+                entry.outputs, converted_from = duplicate
+                entry.status = "skipped"
+                if converted_from == source.uri:
+                    # Its own earlier conversion, whose run died after the content record and before
+                    # the done marker: not a duplicate of anything, just already converted.
+                    entry.skip_reason = "already_converted"
+                else:
+                    entry.skip_reason, entry.duplicate_of = "duplicate_content", converted_from
                 await self._remember_done(source, entry)
                 return entry
             assert claim is not None
