@@ -413,3 +413,30 @@ def test_run_over_its_error_budget_fails_after_publishing_the_manifest(airflow_e
     # Document failures are recorded, not raised: every convert instance succeeded.
     assert {state for (task, _), state in states.items() if task == "convert"} == {"success"}
     assert "over the budget of 5.0%" in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_server_serving_another_model_fails_the_run_at_once(airflow_env: AirflowEnv, tmp_path: Path) -> None:
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "inbox" / "a.pdf").write_bytes(text_pdf(1, 51))
+    conn = json.loads(airflow_env.env["AIRFLOW_CONN_OLMOCR_VLLM"])
+    conn["extra"]["model"] = "someone/else"
+    airflow = airflow_env.with_env(AIRFLOW_CONN_OLMOCR_VLLM=json.dumps(conn))
+    conf = {"input_uri": str(tmp_path / "inbox"), "output_uri": str(tmp_path / "out")}
+    result = airflow.dag_test("olmocr_ingest", conf=conf)
+    _check(result, expect_success=False)
+    states = airflow.task_states("olmocr_ingest", result.run_id or "")
+    # A configuration error is not retried: one try, and nothing downstream pretends to publish.
+    assert states[("check_server", -1)] == "failed"
+    assert states[("plan", -1)] == "upstream_failed"
+    assert states[("publish_manifest", -1)] == "skipped"
+    assert states[("enforce_error_budget", -1)] == "failed"
+    assert "configured model is someone/else" in result.output
+    assert "no manifest was published" in result.output
+    assert not (tmp_path / "out" / "manifests").exists()
+    with sqlite3.connect(airflow.home / "airflow.db") as db:
+        (tries,) = db.execute(
+            "SELECT try_number FROM task_instance WHERE run_id = ? AND task_id = 'check_server'", (result.run_id,)
+        ).fetchone()
+    assert tries == 1

@@ -121,7 +121,7 @@ def test_build_request_for_a_scheduled_run_uses_its_interval() -> None:
         run_type="scheduled",
         interval=(H, H1),
     )
-    request = tasks.build_request(ctx)
+    request = tasks.build_request(ctx, planning=True)
     assert (request.modified_after, request.modified_until) == (H, H1)
     assert request.documents is None
     assert request.run_id == "olmocr_ingest__scheduled__2026-03-01T10:00:00+00:00"
@@ -135,9 +135,9 @@ def test_build_request_for_a_scheduled_run_uses_its_interval() -> None:
 @pytest.mark.usefixtures("vllm_conn")
 def test_build_request_for_an_asset_or_rest_run_without_logical_date() -> None:
     ctx = context({"input_uri": "/data/in", "output_uri": "/data/out"}, run_type="asset_triggered")
-    request = tasks.build_request(ctx)
+    request = tasks.build_request(ctx, planning=True)
     assert (request.modified_after, request.modified_until) == (None, None)
-    explicit = tasks.build_request(ctx, documents=["s3://b/in/a b.pdf"])
+    explicit = tasks.build_request(ctx, documents=["s3://b/in/a b.pdf"], planning=True)
     assert explicit.documents == ("s3://b/in/a b.pdf",)
 
 
@@ -146,7 +146,7 @@ def test_build_request_with_a_documents_param_needs_no_input_and_ignores_the_sco
     ctx = context(
         {"input_uri": None, "output_uri": "/o", "documents": ["/d/x.pdf"], "scope": "interval", "reprocess": True}
     )
-    request = tasks.build_request(ctx)
+    request = tasks.build_request(ctx, planning=True)
     assert request.documents == ("/d/x.pdf",)
     assert request.reprocess is True
     assert request.modified_after is None
@@ -163,7 +163,15 @@ def test_build_request_with_a_documents_param_needs_no_input_and_ignores_the_sco
 )
 def test_build_request_explains_what_is_missing(params: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
-        tasks.build_request(context(params))
+        tasks.build_request(context(params), planning=True)
+
+
+@pytest.mark.usefixtures("vllm_conn")
+def test_tasks_after_plan_need_neither_input_nor_interval() -> None:
+    # The event DAG may run without OLMOCR_INPUT_URI; convert and publish work from the plan.
+    request = tasks.build_request(context({"input_uri": None, "output_uri": "/o", "scope": "interval"}))
+    assert request.output_uri == "/o"
+    assert request.input_uri == ""
 
 
 def test_error_budget() -> None:

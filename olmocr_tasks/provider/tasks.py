@@ -249,11 +249,14 @@ def airflow_run_id(context: Mapping[str, Any]) -> str:
     return f"{context['dag'].dag_id}__{context['dag_run'].run_id}"
 
 
-def build_request(context: Mapping[str, Any], documents: Sequence[str] | None = None) -> RunRequest:
+def build_request(
+    context: Mapping[str, Any], documents: Sequence[str] | None = None, *, planning: bool = False
+) -> RunRequest:
     """This run's ``RunRequest`` from its Params, its ``dag_run`` and the vLLM connection.
 
-    ``documents`` (from the events) wins over the ``documents`` Param. Raises
-    ``ConfigurationError`` with a message meant for the person who triggered the run.
+    ``documents`` (from the events) wins over the ``documents`` Param. What to discover (the input
+    and the LastModified window) is checked only when ``planning``: later tasks work from the plan.
+    Raises ``ConfigurationError`` with a message meant for the person who triggered the run.
     """
     params = context["params"]
     output_uri = params.get("output_uri")
@@ -262,14 +265,13 @@ def build_request(context: Mapping[str, Any], documents: Sequence[str] | None = 
     if documents is None:
         documents = params.get("documents")
     input_uri = params.get("input_uri") or ""
-    if documents is None and not input_uri:
-        raise ConfigurationError("no input: set the input_uri Param (or OLMOCR_INPUT_URI), or list documents")
-    dag_run = context["dag_run"]
     after, until = (None, None)
-    if documents is None:
+    if planning and documents is None:
+        if not input_uri:
+            raise ConfigurationError("no input: set the input_uri Param (or OLMOCR_INPUT_URI), or list documents")
         after, until = resolve_window(
             params.get("scope", "auto"),
-            dag_run.run_type,
+            context["dag_run"].run_type,
             context.get("data_interval_start"),
             context.get("data_interval_end"),
         )
@@ -415,7 +417,7 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
     """
     documents = event_documents_body(context, event_asset) if event_asset is not None else None
     try:
-        request = build_request(context, documents)
+        request = build_request(context, documents, planning=True)
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
     storage = storage_for([request.input_uri, request.output_uri, *(request.documents or ())])
