@@ -47,7 +47,13 @@ from olmocr_tasks.backpressure import (
     parse_vllm_queue,
 )
 from olmocr_tasks.config import ServerSettings
-from olmocr_tasks.errors import ConfigurationError, OlmocrTasksError, ServerNotReady, ServerUnavailable
+from olmocr_tasks.errors import (
+    ConfigurationError,
+    OlmocrTasksError,
+    ServerMisconfigured,
+    ServerNotReady,
+    ServerUnavailable,
+)
 from olmocr_tasks.redaction import redact_text, redact_url
 
 log = logging.getLogger(__name__)
@@ -440,12 +446,12 @@ class InferenceClient:
         url = redact_url(replica.models_url)
         status = response.status_code
         if status in (401, 403):
-            raise ServerNotReady(
+            raise ServerMisconfigured(
                 f"{url} answered HTTP {status}: the API key is missing or wrong "
                 f"({'a key is' if settings.api_key else 'no key is'} configured)"
             )
         if status == 404:
-            raise ServerNotReady(
+            raise ServerMisconfigured(
                 f"{url} answered HTTP 404: is the base URL the OpenAI API root (usually ending in /v1)?"
             )
         if status != 200:
@@ -454,10 +460,10 @@ class InferenceClient:
             payload = response.json()
             listed = [str(entry["id"]) for entry in payload["data"] if isinstance(entry, dict)]
         except (ValueError, KeyError, TypeError):
-            raise ServerNotReady(f"{url} answered HTTP 200 but not an OpenAI model list") from None
+            raise ServerMisconfigured(f"{url} answered HTTP 200 but not an OpenAI model list") from None
         if settings.model not in listed:
             served = ", ".join(listed) if listed else "no model"
-            raise ServerNotReady(f"{replica.display} serves {served}; configured model is {settings.model}")
+            raise ServerMisconfigured(f"{replica.display} serves {served}; configured model is {settings.model}")
         return listed
 
     # -- requests --------------------------------------------------------------------------------
@@ -628,7 +634,7 @@ class InferenceClient:
         replica.cool_until = -math.inf
         if status in (401, 403):
             self._outcomes["auth"] += 1
-            raise ServerNotReady(
+            raise ServerMisconfigured(
                 f"{replica.display} answered HTTP {status} to a completion request: the API key is missing or wrong"
             )
         if status != 200:

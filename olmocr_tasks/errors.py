@@ -68,6 +68,10 @@ class ServerNotReady(InfrastructureError):
     """The readiness check failed: the server is down or does not serve the configured model."""
 
 
+class ServerMisconfigured(ServerNotReady):
+    """The server answered, but wrongly for us (API key, base URL, model): waiting will not fix it."""
+
+
 class StorageError(InfrastructureError):
     """Reading or writing storage failed after retries."""
 

@@ -45,7 +45,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from olmocr_tasks.config import ConversionSettings
 from olmocr_tasks.conversion import SourceDocument
-from olmocr_tasks.errors import ConfigurationError, InfrastructureError, ServerNotReady
+from olmocr_tasks.errors import ConfigurationError, InfrastructureError, ServerMisconfigured, ServerNotReady
 from olmocr_tasks.pipeline import (
     RunRequest,
     build_manifest,
@@ -346,13 +346,6 @@ def _fail_on_configuration(exc: ConfigurationError) -> AirflowFailException:
 # ------------------------------------------------------------------------------------ task bodies
 
 
-def _is_unreachable(exc: ServerNotReady) -> bool:
-    # check_ready raises ServerNotReady both for a server that never answered (worth retrying: it may
-    # still be loading the model) and for one that answered wrongly (API key, URL, model: never
-    # fixed by waiting). Only the first carries this wording.
-    return "not ready after" in str(exc)
-
-
 def check_server_body(conn_id: str = DEFAULT_CONN_ID) -> list[str]:
     """Fail fast on a misconfigured server; raise ``ServerNotReady`` (retried) while it is starting."""
     hook = VllmHook(conn_id)
@@ -363,10 +356,12 @@ def check_server_body(conn_id: str = DEFAULT_CONN_ID) -> list[str]:
     urls = ", ".join(settings.public_dict()["base_urls"])
     try:
         models = hook.check_ready(settings)
-    except ServerNotReady as exc:
-        if _is_unreachable(exc):
-            raise ServerNotReady(f"vLLM at {urls} (connection {conn_id!r}) is unreachable: {exc}") from None
+    except ServerMisconfigured as exc:
+        # The server answered wrongly (API key, URL, model): waiting will not fix it.
         raise AirflowFailException(f"vLLM at {urls} (connection {conn_id!r}) cannot be used: {exc}") from None
+    except ServerNotReady as exc:
+        # Unreachable: it may still be loading the model, so Airflow retries the task.
+        raise ServerNotReady(f"vLLM at {urls} (connection {conn_id!r}) is unreachable: {exc}") from None
     log.info("vLLM at %s serves %s", urls, ", ".join(models))
     return models
 
