@@ -23,7 +23,7 @@ import shutil
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,8 +113,11 @@ class ConversionEngine:
         progress: ProgressReporter | None = None,
         reprocess: bool = False,
         task_context: dict[str, Any] | None = None,
+        on_document: Callable[[DocumentEntry], Awaitable[None]] | None = None,
     ) -> None:
         self.settings = settings
+        # Called as each document finishes, so a caller can persist entries before the whole batch ends.
+        self._on_document = on_document
         self._storage = storage
         self._output_uri = output_uri
         self._run_id = run_id
@@ -161,6 +164,8 @@ class ConversionEngine:
         async def run(index: int, source: SourceDocument) -> None:
             entry = await self._convert_one(source, admission)
             entries[index] = entry
+            if self._on_document is not None:
+                await self._on_document(entry)
             if self._progress:
                 self._progress.document_done(entry)
 

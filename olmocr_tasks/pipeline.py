@@ -11,9 +11,10 @@ only ever carries URIs and counts.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TextIO
@@ -220,6 +221,7 @@ async def convert_sources(
     progress_stream: TextIO | None = None,
     task_context: dict[str, Any] | None = None,
     check_ready: bool = True,
+    on_document: Callable[[DocumentEntry], Awaitable[None]] | None = None,
 ) -> list[DocumentEntry]:
     """Convert documents in this process. Raises ``InfrastructureError`` when the work must be retried."""
     if not sources:
@@ -235,11 +237,16 @@ async def convert_sources(
             progress=progress,
             reprocess=request.reprocess,
             task_context=task_context,
+            on_document=on_document,
         )
         async with engine:
             if check_ready:
                 await engine.check_ready()
             return await engine.convert_all(sources)
+
+
+def entry_uri(request: RunRequest, source_uri: str) -> str:
+    return join_uri(request.run_dir(), "entries", hashlib.sha1(source_uri.encode()).hexdigest() + ".json")
 
 
 def convert_batch(
@@ -250,8 +257,19 @@ def convert_batch(
     *,
     task_context: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Convert one batch and record its entries in a part file; returns a small summary for XCom."""
-    entries = asyncio.run(convert_sources(request, storage, sources, task_context=task_context))
+    """Convert one batch and record its entries in a part file; returns a small summary for XCom.
+
+    Each document's entry is also saved the moment it finishes: if the batch dies later (server
+    outage, worker killed), publishing still reports what it did convert instead of "not converted".
+    """
+
+    async def save_entry(entry: DocumentEntry) -> None:
+        data = json.dumps(entry.to_dict()).encode()
+        await asyncio.to_thread(storage.write_bytes_atomic, entry_uri(request, entry.source), data)
+
+    entries = asyncio.run(
+        convert_sources(request, storage, sources, task_context=task_context, on_document=save_entry)
+    )
     uri = part_uri(request, batch_key)
     storage.write_bytes_atomic(uri, json.dumps([entry.to_dict() for entry in entries]).encode())
     return summarize(entries) | {"part": uri, "batch": batch_key}
@@ -267,8 +285,14 @@ def summarize(entries: Iterable[DocumentEntry]) -> dict[str, int]:
     return counts
 
 
-def collect_parts(request: RunRequest, storage: Storage) -> dict[str, DocumentEntry]:
-    """Every entry reported by this run's batches, keyed by source URI."""
+def collect_parts(
+    request: RunRequest, storage: Storage, expected_sources: Iterable[str] = ()
+) -> dict[str, DocumentEntry]:
+    """Every entry reported by this run's batches, keyed by source URI.
+
+    Part files (one per finished batch) are read first; sources in ``expected_sources`` that no part
+    reports are then looked up among the per-document entries of batches that died part-way.
+    """
     entries: dict[str, DocumentEntry] = {}
     for info in storage.list_objects(join_uri(request.run_dir(), "parts") + "/"):
         if not info.uri.endswith(".json"):
@@ -276,6 +300,12 @@ def collect_parts(request: RunRequest, storage: Storage) -> dict[str, DocumentEn
         for item in json.loads(storage.read_bytes(info.uri)):
             entry = DocumentEntry.from_dict(item)
             entries[entry.source] = entry
+    missing = {entry_uri(request, source): source for source in expected_sources if source not in entries}
+    if missing:
+        for info in storage.list_objects(join_uri(request.run_dir(), "entries") + "/"):
+            if info.uri in missing:
+                entry = DocumentEntry.from_dict(json.loads(storage.read_bytes(info.uri)))
+                entries[entry.source] = entry
     return entries
 
 

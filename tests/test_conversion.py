@@ -253,3 +253,28 @@ def test_failed_documents_are_retried_by_later_runs_then_dead_lettered(tmp_path:
     assert final.documents == []
     (dead,) = final.dead_letters
     assert dead.error_class == "dead_letter" and "corrupt" in (dead.error or "") and dead.failed_attempts == 2
+
+
+def test_a_batch_that_dies_part_way_still_reports_what_it_converted(tmp_path: Path, standin: StandinServer) -> None:
+    from olmocr_tasks.pipeline import build_manifest, collect_parts, convert_batch, plan_run
+
+    for doc_id in (1, 2):
+        pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(1, doc_id=doc_id))
+    pdfgen.write_pdf(tmp_path / "in" / "d3.pdf", pdfgen.text_pdf(4, doc_id=3))
+    # The last document's pages hang until the outage window closes: the batch aborts.
+    standin.configure(always={f"3:{page}": "hang" for page in range(1, 5)})
+    request = RunRequest(
+        input_uri=str(tmp_path / "in"), output_uri=str(tmp_path / "out"), run_id="partial",
+        settings=fast_settings(standin.url, max_open_documents=1),
+    )  # fmt: skip
+    storage = Storage()
+    plan = plan_run(request, storage)
+    with pytest.raises(ServerUnavailable):
+        convert_batch(request, storage, "b0", sorted(plan.sources, key=lambda source: source.uri))
+    manifest = build_manifest(request, plan, collect_parts(request, storage, [s.uri for s in plan.sources]))
+    statuses = {Path(doc.source).name: (doc.status, doc.error_class) for doc in manifest.documents}
+    assert statuses == {
+        "d1.pdf": ("converted", None),
+        "d2.pdf": ("converted", None),
+        "d3.pdf": ("failed", "not_converted"),
+    }

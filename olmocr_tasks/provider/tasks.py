@@ -398,7 +398,7 @@ def _clear_earlier_attempt(request: RunRequest, storage: Storage) -> None:
     # leak into this attempt's manifest.
     stale = [
         info.uri
-        for folder in ("parts", BATCHES_DIR)
+        for folder in ("parts", "entries", BATCHES_DIR)
         for info in storage.list_objects(join_uri(request.run_dir(), folder) + "/")
     ]
     for uri in stale:
@@ -481,7 +481,8 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
         raise _fail_on_configuration(exc) from None
     storage = storage_for([request.input_uri, request.output_uri])
     plan = read_plan(request, storage)
-    manifest = build_manifest(request, plan, collect_parts(request, storage))
+    expected = [source.uri for source in plan.sources]
+    manifest = build_manifest(request, plan, collect_parts(request, storage, expected))
     uri = publish_manifest(manifest, storage)
     counts = manifest.counts()
     summary: dict[str, Any] = {
