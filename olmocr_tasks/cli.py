@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from olmocr_tasks import __version__
-from olmocr_tasks.config import DEFAULT_MODEL, ConversionSettings, PageSettings, ServerSettings
+from olmocr_tasks.config import DEFAULT_MODEL, ConversionSettings, DocumentLimits, PageSettings, ServerSettings
 from olmocr_tasks.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
 from olmocr_tasks.manifest import Manifest
 from olmocr_tasks.redaction import redact_text
@@ -29,6 +29,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be greater than 0")
     return value
 
 
@@ -69,6 +76,35 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the server to be ready")
     parser.add_argument("--gpu-hour-price", type=float, help="price of one GPU hour, for the cost estimate")
     parser.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
+    limits = parser.add_argument_group("document limits (hostile or oversized inputs fail as too_large)")
+    limits.add_argument(
+        "--max-document-bytes",
+        type=_positive_int,
+        default=DocumentLimits.max_bytes,
+        metavar="N",
+        help="largest file accepted",
+    )
+    limits.add_argument(
+        "--max-document-pages",
+        type=_positive_int,
+        default=DocumentLimits.max_pages,
+        metavar="N",
+        help="most pages accepted",
+    )
+    limits.add_argument(
+        "--max-render-pixels",
+        type=_positive_int,
+        default=DocumentLimits.max_render_pixels,
+        metavar="N",
+        help="page images larger than this many pixels are scaled down",
+    )
+    limits.add_argument(
+        "--render-timeout",
+        type=_positive_float,
+        default=DocumentLimits.render_timeout_s,
+        metavar="SECONDS",
+        help="seconds one page may take to render before its renderer is killed and the page falls back",
+    )
     parser.set_defaults(func=_convert)
 
 
@@ -95,6 +131,12 @@ def _convert(args: argparse.Namespace) -> int:
         ),
         page=PageSettings(
             target_longest_image_dim=args.target_longest_image_dim, max_page_retries=args.max_page_retries
+        ),
+        limits=DocumentLimits(
+            max_bytes=args.max_document_bytes,
+            max_pages=args.max_document_pages,
+            max_render_pixels=args.max_render_pixels,
+            render_timeout_s=args.render_timeout,
         ),
         max_page_error_rate=args.max_page_error_rate,
         write_markdown=not args.no_markdown,
