@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
@@ -29,16 +28,14 @@ def test_prompt_is_olmocr_v4_yaml_prompt_verbatim() -> None:
     assert PROMPT_V4.count("\n") == 2 and not PROMPT_V4.endswith("\n")
     assert "Convert equations to LateX and tables to HTML.\nIf there are any figures or charts" in PROMPT_V4
     assert PROMPT_V4.endswith("is_rotation_valid, rotation_correction, is_table, and is_diagram parameters.")
-    assert hashlib.sha1(PROMPT_V4.encode()).hexdigest() == hashlib.sha1(
-        (
-            "Attached is one page of a document that you must process. Just return the plain text representation of "
-            "this document as if you were reading it naturally. Convert equations to LateX and tables to HTML.\n"
-            "If there are any figures or charts, label them with the following markdown syntax ![Alt text describing "
-            "the contents of the figure](page_startx_starty_width_height.png)\nReturn your output as markdown, with a "
-            "front matter section on top specifying values for the primary_language, is_rotation_valid, "
-            "rotation_correction, is_table, and is_diagram parameters."
-        ).encode()
-    ).hexdigest()
+    assert PROMPT_V4 == (
+        "Attached is one page of a document that you must process. Just return the plain text representation of "
+        "this document as if you were reading it naturally. Convert equations to LateX and tables to HTML.\n"
+        "If there are any figures or charts, label them with the following markdown syntax ![Alt text describing "
+        "the contents of the figure](page_startx_starty_width_height.png)\nReturn your output as markdown, with a "
+        "front matter section on top specifying values for the primary_language, is_rotation_valid, "
+        "rotation_correction, is_table, and is_diagram parameters."
+    )
 
 
 def test_temperature_ladder_and_clamping() -> None:
