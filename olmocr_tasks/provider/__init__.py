@@ -27,8 +27,12 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-class-name": "olmocr_tasks.provider.hooks.VllmHook",
                 "hook-name": "olmOCR vLLM",
                 "ui-field-behaviour": {
-                    "hidden-fields": ["schema", "login"],
-                    "relabeling": {"password": "API key", "host": "Host (or full base URL)"},
+                    "hidden-fields": ["login"],
+                    "relabeling": {
+                        "password": "API key",
+                        "host": "Host (or full base URL)",
+                        "schema": "Scheme (http or https)",
+                    },
                     "placeholders": {
                         "host": "vllm.internal or https://vllm.example.com/v1",
                         "port": "8000",
@@ -53,6 +57,16 @@ def get_provider_info() -> dict[str, Any]:
                     "verify_tls": {
                         "label": "Verify TLS certificates",
                         "schema": {"type": ["boolean", "null"], "default": True},
+                    },
+                    "read_timeout_s": {
+                        "label": "Read timeout (s)",
+                        "description": "How long one page may take to answer (default 300).",
+                        "schema": {"type": ["number", "null"], "minimum": 1},
+                    },
+                    "outage_window_s": {
+                        "label": "Outage window (s)",
+                        "description": "Failing this long with no success aborts the task for a retry (default 180).",
+                        "schema": {"type": ["number", "null"], "minimum": 1},
                     },
                 },
             }
