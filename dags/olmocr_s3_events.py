@@ -9,9 +9,11 @@ conversion tasks are the ingestion DAG's. Asset-triggered runs have no logical d
 
 Configuration: ``OLMOCR_SQS_QUEUE_URL`` **must** be set for events to arrive (without it the DAG still
 loads, watching a placeholder queue that does not exist); ``OLMOCR_SQS_WAITER_DELAY`` (seconds between
-empty polls, default 30); ``OLMOCR_INPUT_URI`` (outputs mirror keys relative to it) and
-``OLMOCR_OUTPUT_URI``. The watcher polls only while this DAG is unpaused. SQS messages are deleted
-when received, so the scheduled ``olmocr_ingest`` DAG remains the reconciliation path.
+empty polls, default 30); ``OLMOCR_SQS_CONN_ID`` (AWS connection for the queue, default ``aws_default``;
+set it when ``aws_default`` points its ``endpoint_url`` at MinIO); ``OLMOCR_INPUT_URI`` (outputs
+mirror keys relative to it) and ``OLMOCR_OUTPUT_URI``. The watcher polls only while this DAG is
+unpaused. SQS messages are deleted when received, so the scheduled ``olmocr_ingest`` DAG remains the
+reconciliation path.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ s3_object_created = Asset(
             trigger=MessageQueueTrigger(
                 scheme="sqs",
                 sqs_queue=os.environ.get("OLMOCR_SQS_QUEUE_URL") or QUEUE_PLACEHOLDER,
-                aws_conn_id=AWS_CONN_ID,
+                aws_conn_id=os.environ.get("OLMOCR_SQS_CONN_ID") or AWS_CONN_ID,
                 max_messages=10,
                 # Long polling: fewer empty receives, and events arrive within a second of a message.
                 wait_time_seconds=20,
