@@ -1,0 +1,131 @@
+"""What every benchmark script shares: paths, stand-in regimes and the shape of a result row."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.measure import Measurement
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+# The interpreter running the harness is the project's venv; its console scripts sit beside it.
+VENV_BIN = Path(sys.executable).parent
+MODEL = "allenai/olmOCR-2-7B-1025-FP8"
+
+
+@dataclass(frozen=True)
+class Regime:
+    """A stand-in configuration. ``capacity / latency_s`` is the most pages/s the server can give."""
+
+    name: str
+    capacity: int
+    latency_s: float
+    description: str
+
+    @property
+    def server_pages_per_s(self) -> float:
+        return self.capacity / self.latency_s
+
+    def settings(self) -> dict[str, Any]:
+        # identify=False: the stand-in does not decode the PNG, so its CPU stays small and equal for
+        # every system; it still answers with olmOCR's front matter.
+        return {"capacity": self.capacity, "latency_s": self.latency_s, "identify": False, "model": MODEL}
+
+
+SERVER_BOUND = Regime("server-bound", 16, 1.0, "16 concurrent x 1.0 s = 16 pages/s")
+BACKPRESSURE = Regime("shared-server", 8, 0.5, "8 concurrent x 0.5 s = 16 pages/s")
+CPU_BOUND = Regime("cpu-bound", 512, 0.01, "512 concurrent x 0.01 s: rendering is the bottleneck")
+
+
+@dataclass
+class Row:
+    """One system in one regime."""
+
+    system: str
+    regime: str
+    pages: int
+    measurement: Measurement | None
+    ok: bool
+    note: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pages_per_s(self) -> float | None:
+        if not self.ok or self.measurement is None or not self.pages:
+            return None
+        return self.pages / self.measurement.wall_s
+
+    @property
+    def cpu_ms_per_page(self) -> float | None:
+        if not self.ok or self.measurement is None or not self.pages:
+            return None
+        return 1000 * self.measurement.cpu_s / self.pages
+
+    @property
+    def peak_rss_mib(self) -> float | None:
+        if self.measurement is None:
+            return None
+        return self.measurement.peak_rss_bytes / 2**20
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "system": self.system,
+            "regime": self.regime,
+            "pages": self.pages,
+            "ok": self.ok,
+            "note": self.note,
+            "pages_per_s": _round(self.pages_per_s),
+            "cpu_ms_per_page": _round(self.cpu_ms_per_page),
+            "peak_rss_mib": _round(self.peak_rss_mib),
+            "measurement": self.measurement.to_dict() if self.measurement else None,
+            "details": self.details,
+        }
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+# Bytecode caches for every measured interpreter, kept out of the source tree and the venvs. A shell
+# that sets PYTHONDONTWRITEBYTECODE would otherwise make every run compile all it imports from source
+# (seconds for the CLI, tens of seconds for Airflow), which no deployment pays.
+PYCACHE_DIR = RESULTS_DIR / "pycache"
+
+
+def bytecode_env(env: dict[str, str]) -> dict[str, str]:
+    env = {key: value for key, value in env.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE_DIR)
+    return env
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment of measured commands: this checkout importable, no stray Airflow or AWS setup."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("AIRFLOW", "OLMOCR_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env.update(extra)
+    return bytecode_env(env)
+
+
+def fresh_dir(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+@contextmanager
+def standin(regime: Regime, **overrides: Any) -> Iterator[Any]:
+    """The vLLM stand-in as a separate process (its CPU is not ours), stopped on exit."""
+    from tests.fixtures.standin import start_standin_process
+
+    process = start_standin_process(**(regime.settings() | overrides))
+    try:
+        yield process
+    finally:
+        process.stop()

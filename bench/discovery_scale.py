@@ -1,0 +1,178 @@
+"""Discovery of 100,000 objects: ``iter_pdfs`` + an empty ``Ledger.snapshot()`` versus bare boto3.
+
+A moto server runs in this (harness) process and is filled through moto's in-process backend (100,000
+PUTs over HTTP would take far longer than the listing under test); both listings then go over HTTP
+from a measured child process, so each one's wall time, CPU and peak RSS are its own. The bare side is
+the minimum any implementation must do: a paginated ``list_objects_v2`` loop that counts ``.pdf`` keys.
+The two are run alternately, twice each, and the faster run of each is compared (the server is shared
+and the machine may be busy).
+
+    python -m bench.discovery_scale list {ours,bare} --endpoint URL --bucket B --prefix P --result FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import subprocess_env
+from bench.measure import run_measured
+
+REGION = "us-east-1"
+KEY, SECRET = "bench-access-key", "bench-secret-key"
+PREFIX = "inbox/"
+
+
+def _key(index: int) -> str:
+    # Nested prefixes and mixed letter case, like a real inbox; one object in 20 is not a PDF.
+    folder = f"batch{index // 1000:03d}/part{index % 7}"
+    if index % 20 == 19:
+        return f"{PREFIX}{folder}/notes{index:06d}.txt"
+    extension = ".PDF" if index % 10 == 3 else ".pdf"
+    return f"{PREFIX}{folder}/doc{index:06d}{extension}"
+
+
+def expected_pdfs(objects: int) -> int:
+    return sum(1 for index in range(objects) if not _key(index).endswith(".txt"))
+
+
+def _storage_options(endpoint: str) -> dict[str, Any]:
+    return {
+        "key": KEY,
+        "secret": SECRET,
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": REGION},
+        "config_kwargs": {"s3": {"addressing_style": "path"}},
+    }
+
+
+def list_ours(endpoint: str, bucket: str, prefix: str) -> int:
+    from olmocr_tasks.discovery import iter_pdfs
+    from olmocr_tasks.ledger import Ledger
+    from olmocr_tasks.storage import Storage
+
+    storage = Storage(_storage_options(endpoint))
+    # What a plan does first: the state of the output prefix (empty here), then the input listing.
+    Ledger(f"s3://{bucket}/output", storage, "benchkey").snapshot()
+    return sum(1 for _ in iter_pdfs(f"s3://{bucket}/{prefix}", storage))
+
+
+def list_bare(endpoint: str, bucket: str, prefix: str) -> int:
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id=KEY,
+        aws_secret_access_key=SECRET,
+        config=Config(s3={"addressing_style": "path"}),
+    )
+    count = 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            if item["Key"].lower().endswith(".pdf"):
+                count += 1
+    return count
+
+
+def child_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.discovery_scale list")
+    parser.add_argument("impl", choices=["ours", "bare"])
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--bucket", required=True)
+    parser.add_argument("--prefix", default=PREFIX)
+    parser.add_argument("--result", required=True)
+    args = parser.parse_args(argv)
+    # Imports are paid before the clock starts: the comparison is about listing, not start-up.
+    if args.impl == "ours":
+        import s3fs  # noqa: F401
+
+        import olmocr_tasks.discovery
+        import olmocr_tasks.ledger  # noqa: F401
+    else:
+        import boto3  # noqa: F401
+    started, cpu = time.perf_counter(), time.process_time()
+    count = (list_ours if args.impl == "ours" else list_bare)(args.endpoint, args.bucket, args.prefix)
+    result = {"pdfs": count, "seconds": time.perf_counter() - started, "cpu_s": time.process_time() - cpu}
+    Path(args.result).write_text(json.dumps(result))
+    return 0
+
+
+# ---------------------------------------------------------------------------- harness side
+
+
+def _populate(objects: int) -> tuple[Any, str, str]:
+    import boto3
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    bucket = "bench-discovery"
+    boto3.client(
+        "s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=KEY, aws_secret_access_key=SECRET
+    ).create_bucket(Bucket=bucket)
+    backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+    body = b"%PDF-1.4\n% bench placeholder\n%%EOF\n"
+    for index in range(objects):
+        backend.put_object(bucket, _key(index), body)
+    return server, endpoint, bucket
+
+
+def measure_discovery(work: Path, objects: int = 100_000, repeats: int = 2) -> dict[str, Any]:
+    started = time.perf_counter()
+    server, endpoint, bucket = _populate(objects)
+    populate_s = time.perf_counter() - started
+    runs: dict[str, list[dict[str, Any]]] = {"bare": [], "ours": []}
+    try:
+        for attempt in range(repeats):
+            for impl in ("bare", "ours"):
+                result_path = work / f"discovery-{impl}-{attempt}.json"
+                result_path.unlink(missing_ok=True)
+                command = [
+                    sys.executable, "-m", "bench.discovery_scale", "list", impl, "--endpoint", endpoint,
+                    "--bucket", bucket, "--result", str(result_path),
+                ]  # fmt: skip
+                measurement = run_measured(
+                    command, label=f"discovery {impl}", env=subprocess_env(), log_path=work / f"discovery-{impl}.log"
+                )
+                inner = json.loads(result_path.read_text()) if result_path.exists() else {}
+                runs[impl].append(
+                    {
+                        "ok": measurement.returncode == 0 and inner.get("pdfs") == expected_pdfs(objects),
+                        "listing_s": round(inner.get("seconds", float("nan")), 3),
+                        "listing_cpu_s": round(inner.get("cpu_s", float("nan")), 3),
+                        "process_wall_s": round(measurement.wall_s, 3),
+                        "peak_rss_mib": round(measurement.peak_rss_bytes / 2**20, 1),
+                        "pdfs": inner.get("pdfs"),
+                    }
+                )
+    finally:
+        server.stop()
+    best = {impl: min(items, key=lambda item: item["listing_s"]) for impl, items in runs.items()}
+    return {
+        "objects": objects,
+        "pdfs": expected_pdfs(objects),
+        "populate_s": round(populate_s, 1),
+        "runs": runs,
+        "best": best,
+        "ok": all(item["ok"] for items in runs.values() for item in items),
+        "ratio": round(best["ours"]["listing_s"] / best["bare"]["listing_s"], 3),
+        "rss_ratio": round(best["ours"]["peak_rss_mib"] / best["bare"]["peak_rss_mib"], 3),
+    }
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["list"]:
+        sys.exit(child_main(sys.argv[2:]))
+    sys.exit("usage: python -m bench.discovery_scale list ... (the harness runs the rest via bench/run_all.py)")
