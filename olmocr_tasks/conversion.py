@@ -262,18 +262,42 @@ class ConversionEngine:
         if self._progress:
             self._progress.document_started(source.uri, info.page_count)
 
+        fallbacks = 0
+        rate = self.settings.max_page_error_rate
+
         async def page(index: int) -> PageResult:
+            nonlocal fallbacks
             result = await self._pages.convert(path, index)
             await admission.page_done()
             if self._progress:
                 self._progress.page_done(result)
+            if result.is_fallback:
+                fallbacks += 1
+                # Once the error-rate guard is bound to fail the document, converting its other pages
+                # only burns server time, and a PDF of pages that each hang the renderer until the render
+                # time limit would hold a render worker for hours: fail it now (same class, same rule).
+                if fallbacks / info.page_count > rate:
+                    raise ErrorRateExceededError(
+                        f"{fallbacks} of {info.page_count} pages fell back to the text layer (limit {rate:g}); "
+                        f"stopped at page {result.page_number}: {result.fallback_reason}"
+                    )
             return result
 
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(page(index)) for index in range(info.page_count)]
-        except* InfrastructureError as failures:
-            raise failures.exceptions[0] from None
+        except BaseExceptionGroup as failures:
+            # An outage outranks the document's own failure: it must abort the work, not blame the PDF.
+            if (outage := failures.subgroup(InfrastructureError)) is not None:
+                raise _first_leaf(outage) from None
+            if (document := failures.subgroup(DocumentError)) is not None:
+                finished = [
+                    task.result() for task in tasks if task.done() and not task.cancelled() and not task.exception()
+                ]
+                entry.pages, entry.fallback_pages = info.page_count, fallbacks
+                entry.attempts = sum(result.attempts for result in finished)
+                raise _first_leaf(document) from None
+            raise
         pages = [task.result() for task in tasks]
         result = DocumentResult(source=source.uri, size=entry.size or 0, sha256=entry.sha256 or "", pages=pages)
         _account(entry, result)
@@ -367,6 +391,11 @@ def _account(entry: DocumentEntry, result: DocumentResult) -> None:
         key = str(page.accepted_attempt) if page.accepted_attempt is not None else "fallback"
         histogram[key] = histogram.get(key, 0) + 1
     entry.accepted_attempt_histogram = histogram
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _size_and_sha256(path: str) -> tuple[int, str]:

@@ -549,7 +549,11 @@ class RenderPool:
 
     async def page_text(self, path: str, page_index: int) -> str:
         """The text layer of one page ("" when the page has none)."""
-        result: str = await self._call("text", (str(path), page_index), f"reading text of page index {page_index}")
+        # Ahead of queued renders: a text layer decides a fallback page (and with it whether its document
+        # is already failed), and renders queued before it may each run to the time limit.
+        result: str = await self._call(
+            "text", (str(path), page_index), f"reading text of page index {page_index}", urgent=True
+        )
         return result
 
     async def release(self, path: str) -> None:
@@ -562,7 +566,9 @@ class RenderPool:
                 slot.drops.add(str(path))
             self._cond.notify_all()
 
-    async def _call(self, kind: str, args: tuple[Any, ...], label: str, timeout: float | None = None) -> Any:
+    async def _call(
+        self, kind: str, args: tuple[Any, ...], label: str, timeout: float | None = None, *, urgent: bool = False
+    ) -> Any:
         self._ensure_started()
         loop = asyncio.get_running_loop()
         job = _Job(
@@ -576,7 +582,10 @@ class RenderPool:
         with self._cond:
             if self._closing:
                 raise RenderError("failed", "render pool is closed")
-            self._jobs.append(job)
+            if urgent:
+                self._jobs.appendleft(job)
+            else:
+                self._jobs.append(job)
             self._cond.notify()
         return await job.future
 
