@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
 from datetime import date
 from typing import Any
 
@@ -53,13 +54,21 @@ def output_stem(source_uri: str, input_uri: str) -> str:
 
     ``s3://b/in/x/Report.PDF`` under ``s3://b/in/`` → ``x/Report``. Sources outside the input prefix
     follow olmOCR (S3: key without bucket; local: path without the leading ``/``). The result is
-    always sanitised (see ``storage.safe_relative_key``) and never empty.
+    always sanitised (see ``storage.safe_relative_key``) and never empty; a name that sanitising
+    changed (``..``, empty or ``.`` components, control characters, backslashes) ends in ``~`` and
+    ten hex digits of a hash of the original, so distinct sources keep distinct outputs.
     """
     # The extension goes first: sanitising "..pdf" would otherwise leave a "." component behind.
     relative = _PDF_SUFFIX.sub("", _relative_source(source_uri, input_uri))
     stem = safe_relative_key(relative)
     if not stem:
         stem = "_unnamed_" + hashlib.sha1(source_uri.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    elif stem != unicodedata.normalize("NFC", relative):
+        # Sanitising is not one-to-one ("in/../x.pdf" and "in/x.pdf" both give "x"): a name it had to
+        # change gets a suffix derived from the original, so a hostile name cannot overwrite the outputs
+        # of the document it imitates. Ordinary names keep mirroring their source exactly.
+        digest = hashlib.sha1(relative.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        stem = f"{stem}~{digest}"
     return stem
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import unicodedata
 from datetime import date
 from pathlib import Path
@@ -67,11 +68,11 @@ def _result(pages: list[PageResult], source: str = "s3://bucket/in/doc.pdf") -> 
         ("file:///data/in/sub/a.pdf", "/data/in/", "sub/a"),
         ("/data/in/sub/a.pdf", "file:///data/in", "sub/a"),
         ("/elsewhere/b.pdf", "/data/in", "elsewhere/b"),  # olmOCR strips the leading "/"
-        ("s3://b/in/../../etc/passwd.pdf", "s3://b/in", "etc/passwd"),
-        ("s3://b/in/a/./b//c.pdf", "s3://b/in", "a/b/c"),
+        ("s3://b/in/../../etc/passwd.pdf", "s3://b/in", "etc/passwd~"),  # "~": plus a hash of the original
+        ("s3://b/in/a/./b//c.pdf", "s3://b/in", "a/b/c~"),
         ("/abs/x.pdf", "s3://b/in", "abs/x"),
-        ("s3://b/in/dir\\..\\evil.pdf", "s3://b/in", "dir_.._evil"),
-        ("s3://b/in/ctl\x00\x1b.pdf", "s3://b/in", "ctl__"),
+        ("s3://b/in/dir\\..\\evil.pdf", "s3://b/in", "dir_.._evil~"),
+        ("s3://b/in/ctl\x00\x1b.pdf", "s3://b/in", "ctl__~"),
         ("s3://b/in/..pdf", "s3://b/in", None),
         ("s3://b/in/.pdf", "s3://b/in", None),
     ],
@@ -80,6 +81,10 @@ def test_output_stem(source: str, input_uri: str, stem: str | None) -> None:
     result = output_stem(source, input_uri)
     if stem is None:
         assert result.startswith("_unnamed_") and len(result) > len("_unnamed_")
+    elif stem.endswith("~"):
+        # Sanitising changed the name: the cleaned name plus a hash of the original, so that e.g.
+        # "in/../x.pdf" cannot overwrite the outputs of "in/x.pdf".
+        assert re.fullmatch(re.escape(stem) + "[0-9a-f]{10}", result), result
     else:
         assert result == stem
     assert result and not result.startswith("/") and ".." not in result.split("/")
@@ -230,9 +235,11 @@ def test_write_outputs_s3(s3_bucket: str, s3_storage_options: dict[str, Any]) ->
     storage = Storage(s3_storage_options)
     result = _result([_page(1, "Ünïcode page"), _page(2, None)], source="s3://bucket/in/../../evil.pdf")
     uris = _write(result, f"s3://{s3_bucket}/out", storage)
+    stem = output_stem(result.source, "s3://bucket/in")
+    assert re.fullmatch("evil~[0-9a-f]{10}", stem)
     assert uris == {
-        "dolma": f"s3://{s3_bucket}/out/dolma/evil.jsonl",
-        "markdown": f"s3://{s3_bucket}/out/markdown/evil.md",
+        "dolma": f"s3://{s3_bucket}/out/dolma/{stem}.jsonl",
+        "markdown": f"s3://{s3_bucket}/out/markdown/{stem}.md",
     }
     assert storage.read_bytes(uris["markdown"]).decode() == "Ünïcode page\n"
     assert json.loads(storage.read_bytes(uris["dolma"]))["metadata"]["Source-File"] == result.source
