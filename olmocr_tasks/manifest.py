@@ -92,6 +92,8 @@ class Manifest:
     dead_letters: list[DocumentEntry] = field(default_factory=list)
     already_converted: int = 0
     gpu_hour_price: float | None = None
+    # Set by the Airflow publish task: the run-level budget and whether this run exceeded it.
+    error_budget: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def counts(self) -> dict[str, int]:
@@ -162,6 +164,7 @@ class Manifest:
             "settings": self.settings,
             "counts": self.counts(),
             "metrics": self.metrics(),
+            "error_budget": self.error_budget,
             "documents": [doc.to_dict() for doc in self.documents],
             "dead_letters": [doc.to_dict() for doc in self.dead_letters],
         }
@@ -186,6 +189,7 @@ class Manifest:
             dead_letters=[DocumentEntry.from_dict(doc) for doc in data.get("dead_letters", [])],
             already_converted=data.get("counts", {}).get("already_converted", 0),
             gpu_hour_price=(data.get("metrics", {}).get("cost") or {}).get("gpu_hour_price"),
+            error_budget=data.get("error_budget"),
             schema_version=data.get("schema_version", SCHEMA_VERSION),
         )
 

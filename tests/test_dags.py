@@ -407,6 +407,8 @@ def test_run_over_its_error_budget_fails_after_publishing_the_manifest(airflow_e
     assert manifest["counts"]["converted"] == 1
     assert manifest["counts"]["failed"] == 2
     assert {doc["error_class"] for doc in manifest["documents"] if doc["status"] == "failed"} == {"not_pdf"}
+    assert manifest["error_budget"]["exceeded"] is True
+    assert manifest["error_budget"]["max_document_error_rate"] == 0.05
     states = airflow_env.task_states("olmocr_ingest", result.run_id or "")
     assert states[("publish_manifest", -1)] == "success"
     assert states[("enforce_error_budget", -1)] == "failed"

@@ -435,3 +435,11 @@ def test_airflow_loads_plugin_and_mounts_app(tmp_path: Path, output: Path) -> No
     assert report["anonymous"] == 401
     assert report["status"] == 200 and report["total"] == 3
     assert report["page"] == 200
+
+
+def test_budget_verdict_written_by_the_publish_task_marks_the_run() -> None:
+    from olmocr_runs.runs import run_status
+
+    counts = {"documents": 10, "failed": 1, "dead_letters": 0}
+    assert run_status({"error_budget": {"exceeded": True}}, counts) == "failed_budget"
+    assert run_status({"error_budget": {"exceeded": False}}, counts) == "some_failed"

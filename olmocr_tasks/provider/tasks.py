@@ -483,14 +483,19 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
     plan = read_plan(request, storage)
     expected = [source.uri for source in plan.sources]
     manifest = build_manifest(request, plan, collect_parts(request, storage, expected))
-    uri = publish_manifest(manifest, storage)
     counts = manifest.counts()
+    not_converted = sum(1 for doc in manifest.documents if doc.error_class == "not_converted")
+    rate = float(context["params"].get("max_document_error_rate", 0.05))
+    # The verdict travels in the manifest too, so readers (the OCR runs page) need no Airflow state.
+    problems = error_budget_problems(counts | {"not_converted": not_converted}, rate)
+    manifest.error_budget = {"max_document_error_rate": rate, "exceeded": bool(problems), "problems": problems}
+    uri = publish_manifest(manifest, storage)
     summary: dict[str, Any] = {
         "manifest": uri,
         "run_id": manifest.run_id,
         "output_uri": request.output_uri,
         **counts,
-        "not_converted": sum(1 for doc in manifest.documents if doc.error_class == "not_converted"),
+        "not_converted": not_converted,
     }
     context["outlet_events"][OUTPUTS_ASSET].extra = summary
     log.info("published %s: %s", uri, counts)

@@ -119,10 +119,14 @@ def metrics_of(data: dict[str, Any]) -> dict[str, Any]:
 def run_status(data: dict[str, Any], counts: dict[str, int]) -> str:
     """all_converted / some_failed / failed_budget / empty.
 
-    The budget verdict comes from an explicit ``status`` or ``budget_exceeded`` field when the
-    manifest has one, else from a run-level threshold in ``settings`` (``max_failed_documents`` as a
-    count or ``max_failed_document_rate`` as a fraction of documents) when one is configured.
+    The budget verdict comes from the manifest's ``error_budget.exceeded`` (written by the Airflow
+    publish task), an explicit ``status`` or ``budget_exceeded`` field, else from a run-level
+    threshold in ``settings`` (``max_failed_documents`` as a count or ``max_failed_document_rate`` as a
+    fraction of documents) when one is configured.
     """
+    budget = data.get("error_budget")
+    if isinstance(budget, dict) and budget.get("exceeded") is True:
+        return "failed_budget"
     status = data.get("status")
     if (isinstance(status, str) and status.lower() in _BUDGET_STATUSES) or data.get("budget_exceeded") is True:
         return "failed_budget"
