@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import random
+import ssl
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -442,6 +443,13 @@ class InferenceClient:
                 ),
             )
         except (httpx.HTTPError, OSError) as exc:
+            if _certificate_rejected(exc):
+                # Waiting will not make an untrusted certificate trusted: say so now, and what to do.
+                raise ServerMisconfigured(
+                    f"{replica.display}: TLS certificate verification failed ({self._describe_exception(exc)}); "
+                    "trust the server's CA (e.g. SSL_CERT_FILE) or, on a trusted network only, turn "
+                    "verification off (--insecure, or verify_tls false in the connection)"
+                ) from None
             raise _NotReadyYet(self._describe_exception(exc)) from None
         url = redact_url(replica.models_url)
         status = response.status_code
@@ -784,6 +792,17 @@ def _retry_after(response: httpx.Response) -> float | None:
     if not math.isfinite(seconds):
         return None
     return max(0.0, seconds)
+
+
+def _certificate_rejected(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _consume_outcome(task: asyncio.Future[Any]) -> None:
