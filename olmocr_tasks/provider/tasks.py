@@ -467,7 +467,17 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
     storage = storage_for([request.input_uri, request.output_uri, *(source.uri for source in sources)])
     summary = convert_batch(request, storage, batch["batch"], sources, task_context=task_identity(context))
     log.info("batch %s (%s): %s", batch["batch"], batch.get("label"), summary)
+    emit_metrics(summary)
     return summary
+
+
+def emit_metrics(summary: Mapping[str, Any]) -> None:
+    """Counters through Airflow's own metrics (StatsD / OpenTelemetry when configured, else no-ops)."""
+    from airflow.sdk.observability.stats import Stats
+
+    for key in ("pages", "fallback_pages", "converted", "failed", "skipped"):
+        if summary.get(key):
+            Stats.incr(f"olmocr.{key}", int(summary[key]))
 
 
 def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
