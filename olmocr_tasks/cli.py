@@ -13,12 +13,13 @@ import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from urllib.parse import urlsplit
 
 from olmocr_tasks import __version__
 from olmocr_tasks.config import DEFAULT_MODEL, ConversionSettings, DocumentLimits, PageSettings, ServerSettings
 from olmocr_tasks.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
 from olmocr_tasks.manifest import Manifest
-from olmocr_tasks.redaction import redact_text
+from olmocr_tasks.redaction import environment_secrets, install_log_redaction, redact_text
 
 EXIT_OK, EXIT_FAILED_DOCUMENTS, EXIT_USAGE, EXIT_SERVER, EXIT_STORAGE = 0, 1, 2, 3, 4
 
@@ -174,6 +175,19 @@ def _print_summary(manifest: Manifest, uri: str) -> None:
     print(f"manifest: {uri}")
 
 
+def _known_secrets(args: argparse.Namespace) -> list[str | None]:
+    secrets: list[str | None] = environment_secrets()
+    if getattr(args, "api_key_env", None):
+        secrets.append(os.environ.get(args.api_key_env))
+    for value in getattr(args, "server", None) or []:
+        for url in value.split(","):
+            try:
+                secrets.append(urlsplit(url.strip()).password)
+            except ValueError:
+                continue  # not a URL at all; the client reports it without echoing a password
+    return secrets
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="olmocr-tasks", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -192,7 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    secrets = [os.environ.get(args.api_key_env)] if getattr(args, "api_key_env", None) else []
+    secrets = _known_secrets(args)
+    # Our own messages are redacted where they are built; this catches what libraries log (botocore
+    # prints request headers, session token included, at DEBUG).
+    install_log_redaction(secrets)
     try:
         return args.func(args)
     except ConfigurationError as exc:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 _REDACTED = "***"
@@ -30,3 +33,48 @@ def redact_text(text: str, secrets: list[str | None]) -> str:
 
 
 _BEARER = re.compile(r"Bearer\s+[A-Za-z0-9._~+/=-]+")
+
+
+# Credentials a process may hold in its environment that libraries can end up logging: botocore logs
+# every request's headers at DEBUG, the session token among them.
+SECRET_ENVIRONMENT_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+
+
+def environment_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The values of the credential variables that are set."""
+    env = os.environ if environ is None else environ
+    return [env[name] for name in SECRET_ENVIRONMENT_VARIABLES if env.get(name)]
+
+
+class RedactingFilter(logging.Filter):
+    """Scrubs known secrets from every record a handler emits, whichever library logged it.
+
+    Attach it to handlers (not loggers): a handler filter sees the records propagated from every
+    logger, including third-party ones such as botocore's.
+    """
+
+    def __init__(self, secrets: Iterable[str | None]) -> None:
+        super().__init__()
+        self._secrets: list[str | None] = [secret for secret in secrets if secret]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record: let the handler report it as it would anyway
+            return True
+        record.msg, record.args = redact_text(message, self._secrets), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact_text(record.exc_text, self._secrets)
+        if record.stack_info:
+            record.stack_info = redact_text(record.stack_info, self._secrets)
+        return True
+
+
+def install_log_redaction(secrets: Iterable[str | None], logger: logging.Logger | None = None) -> RedactingFilter:
+    """Add a ``RedactingFilter`` to every handler of ``logger`` (the root logger by default)."""
+    redacting = RedactingFilter(secrets)
+    for handler in (logger or logging.getLogger()).handlers:
+        handler.addFilter(redacting)
+    return redacting
