@@ -123,6 +123,7 @@ def test_canary_secrets_appear_nowhere_a_run_leaves_anything(
     midrun_log = tmp_path / "midrun.log"
     midrun = start_cli(
         *verbose, "convert", source, f"{target}-midrun", "--server", standin.url, *key, *FAST,
+        "--max-concurrent-requests", "1",  # one page at a time, so pages remain after the key changes
         env={**cli_env, "OLMOCR_CANARY_KEY": canaries["API key"]}, log=midrun_log,
     )  # fmt: skip
     seen = len(standin.requests())
