@@ -64,6 +64,7 @@ class TreeSampler:
         self.peak_processes = 0
         self.samples = 0
         self._cpu_by_pid: dict[tuple[int, float], float] = {}
+        self._names: dict[tuple[int, float], str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tree-sampler", daemon=True)
         self._known: dict[int, psutil.Process] = {}
@@ -79,6 +80,11 @@ class TreeSampler:
     @property
     def cpu_s(self) -> float:
         return sum(self._cpu_by_pid.values())
+
+    def breakdown(self, top: int = 6) -> list[dict[str, Any]]:
+        """The processes that used the most CPU (last reading), to tell a main process from its workers."""
+        ranked = sorted(self._cpu_by_pid.items(), key=lambda item: -item[1])[:top]
+        return [{"process": self._names.get(key, "?"), "cpu_s": round(cpu, 2)} for key, cpu in ranked]
 
     def _processes(self) -> list[psutil.Process]:
         # psutil.Process objects are cached by pid so that CPU readings stay attached to the same
@@ -101,7 +107,10 @@ class TreeSampler:
                 with process.oneshot():
                     rss += process.memory_info().rss
                     times = process.cpu_times()
-                    self._cpu_by_pid[(process.pid, process.create_time())] = times.user + times.system
+                    key = (process.pid, process.create_time())
+                    self._cpu_by_pid[key] = times.user + times.system
+                    if key not in self._names:
+                        self._names[key] = _short_name(process)
                 alive += 1
             except psutil.Error:
                 continue
@@ -175,7 +184,18 @@ def run_measured(
         load_before=load_before,
         load_after=os.getloadavg(),
         samples=sampler.samples,
+        extra={"cpu_by_process": sampler.breakdown()},
     )
+
+
+def _short_name(process: psutil.Process) -> str:
+    # Enough of the command line to recognise the role (CLI, render worker, poppler, task runner).
+    try:
+        parts = process.cmdline()
+    except psutil.Error:
+        return "?"
+    words = [Path(part).name if "/" in part and len(part) > 40 else part for part in parts[:6]]
+    return " ".join(words)[:100]
 
 
 def _kill_group(pid: int) -> None:
