@@ -282,7 +282,9 @@ def test_s3_transient_errors_are_retried(
     else:
         assert storage.read_bytes(uri) == b"payload"
     assert s3_fault_proxy.count(method, path, outcome=action) == 3
-    assert s3_fault_proxy.count(method, path, outcome="forwarded") == 1
+    # One clean request at most: botocore's own retry of a dropped connection and s3fs answering a
+    # stat from a listing after a failed HEAD can make it zero.
+    assert s3_fault_proxy.count(method, path, outcome="forwarded") <= 1
 
 
 def test_botocore_and_tenacity_layers_multiply_boundedly(
