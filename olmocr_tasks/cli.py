@@ -77,6 +77,12 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the server to be ready")
     parser.add_argument("--gpu-hour-price", type=float, help="price of one GPU hour, for the cost estimate")
     parser.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
+    parser.add_argument(
+        "--no-adaptive-concurrency",
+        action="store_true",
+        help="keep --max-concurrent-requests in flight instead of adapting to vLLM's /metrics queue",
+    )
+    parser.add_argument("--render-workers", type=_positive_int, help="PDFium worker processes (default: per core)")
     limits = parser.add_argument_group("document limits (hostile or oversized inputs fail as too_large)")
     limits.add_argument(
         "--max-document-bytes",
@@ -129,6 +135,7 @@ def _convert(args: argparse.Namespace) -> int:
             readiness_timeout_s=args.ready_timeout,
             max_concurrent_requests=args.max_concurrent_requests,
             verify_tls=not args.insecure,
+            adaptive_concurrency=not args.no_adaptive_concurrency,
         ),
         page=PageSettings(
             target_longest_image_dim=args.target_longest_image_dim, max_page_retries=args.max_page_retries
@@ -142,6 +149,7 @@ def _convert(args: argparse.Namespace) -> int:
         max_page_error_rate=args.max_page_error_rate,
         write_markdown=not args.no_markdown,
         gpu_hour_price=args.gpu_hour_price,
+        render_workers=args.render_workers,
     )
     input_uri = args.input if "://" in args.input else os.path.abspath(args.input)
     output_uri = args.output if "://" in args.output else os.path.abspath(args.output)

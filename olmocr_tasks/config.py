@@ -88,6 +88,8 @@ class ConversionSettings:
     write_markdown: bool = True
     # Documents whose bytes are held in memory at once by one process (pages of these interleave).
     max_open_documents: int = 16
+    # PDFium worker processes per converting process (None: one per core, see rendering).
+    render_workers: int | None = None
     gpu_hour_price: float | None = None
 
     def public_dict(self) -> dict[str, Any]:

@@ -126,7 +126,11 @@ class ConversionEngine:
         self._reprocess = reprocess
         self._task_context = task_context
         self._client = InferenceClient(settings.server)
-        self._renderer = RenderPool(png_compress_level=settings.page.png_compress_level, limits=settings.limits)
+        self._renderer = RenderPool(
+            workers=settings.render_workers,
+            png_compress_level=settings.page.png_compress_level,
+            limits=settings.limits,
+        )
         self._pages = PageConverter(
             self._client,
             self._renderer,

@@ -31,6 +31,8 @@ FRONT_MATTER_KEYS = ("primary_language", "is_rotation_valid", "rotation_correcti
 _BOOL_KEYS = ("is_rotation_valid", "is_table", "is_diagram")
 
 _IMAGE_PLACEHOLDER = "\x00IMAGE\x00"
+# libyaml's loader parses a front matter ~8x faster than the pure-Python one; same safe semantics.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class FrontMatterError(ValueError):
@@ -134,7 +136,7 @@ def parse_front_matter(content: str) -> PageResponse:
     if end == -1:
         raise FrontMatterError("front matter block is not closed")
     try:
-        data = yaml.safe_load(content[4:end])
+        data = yaml.load(content[4:end], Loader=_YAML_LOADER)
     except yaml.YAMLError as exc:
         raise FrontMatterError(f"front matter is not valid YAML: {exc.__class__.__name__}") from None
     if not isinstance(data, dict):

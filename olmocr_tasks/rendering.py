@@ -109,12 +109,16 @@ class PdfInfo:
 
 
 def default_render_workers() -> int:
-    """One worker per core minus one for the event loop, at most 4 (rendering is not the bottleneck)."""
+    """One worker per core, minus one for the event loop above two cores, at most 4.
+
+    The event loop needs only a few ms of CPU per page, so on one or two cores a core reserved for it
+    would mostly idle while rendering (the CPU-bound part) waits.
+    """
     try:
         cores = len(os.sched_getaffinity(0))  # honours container CPU sets, unlike cpu_count()
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return max(1, min(4, cores - 1))
+    return max(1, min(4, cores if cores <= 2 else cores - 1))
 
 
 def target_size(width_pt: float, height_pt: float, target_longest: int, max_pixels: int) -> tuple[int, int]:

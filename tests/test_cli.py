@@ -123,3 +123,16 @@ def test_s3_input_and_output(s3_env: str, s3_bucket: str, tmp_path: Path, standi
     assert {"out/markdown/a b.md", "out/markdown/x/Y.md", "out/dolma/a b.jsonl", "out/manifests/s3run.json"} <= keys
     body = client.get_object(Bucket=s3_bucket, Key="out/markdown/a b.md")["Body"].read().decode()
     assert "document 1 page 1" in body and "document 1 page 2" in body
+
+
+def test_engine_tuning_flags_reach_the_run(tmp_path: Path, standin: StandinServer) -> None:
+    pdfgen.write_pdf(tmp_path / "in" / "a.pdf", pdfgen.text_pdf(3, doc_id=1))
+    result = cli(
+        "convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, "--run-id", "tuned",
+        "--no-adaptive-concurrency", "--render-workers", "2", "--max-concurrent-requests", "5", *FAST,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    settings = json.loads((tmp_path / "out" / "manifests" / "tuned.json").read_text())["settings"]
+    assert settings["render_workers"] == 2
+    assert settings["server"]["adaptive_concurrency"] is False
+    assert settings["server"]["max_concurrent_requests"] == 5
