@@ -34,7 +34,9 @@ prerequisites:
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
-	$(BIN)/uv pip install --quiet -p $(BIN)/python -e ".[airflow,s3,test]"
+	@# Bytecode compiled at install: every Airflow subprocess would otherwise recompile its imports when
+	@# PYTHONDONTWRITEBYTECODE is set (as on some CI machines).
+	$(BIN)/uv pip install --quiet --compile-bytecode -p $(BIN)/python -e ".[airflow,s3,test]"
 	@touch $(STAMP)
 
 clean:
