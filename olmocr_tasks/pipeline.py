@@ -115,12 +115,12 @@ def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
     """Discover what this run must convert. Cheap: one listing of the input and one of the state."""
     plan = RunPlan(sources=[])
     ledger = Ledger(request.output_uri, storage, request.conversion_key)
-    snapshot = ledger.snapshot()
+    # Reprocessing converts everything discovered: the state listing would be read for nothing.
+    snapshot = None if request.reprocess else ledger.snapshot()
+    candidates: Iterable[ObjectInfo]
     if request.documents is not None:
-        candidates: Iterable[ObjectInfo] = []
-        resolved = resolve_explicit(list(dict.fromkeys(request.documents)), storage)
         found: list[ObjectInfo] = []
-        for item in resolved:
+        for item in resolve_explicit(request.documents, storage):
             if isinstance(item, MissingSource):
                 plan.unavailable.append(
                     DocumentEntry(source=item.uri, status="failed", error_class="unreadable", error=item.reason)
@@ -138,7 +138,7 @@ def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
     for info in candidates:
         if request.max_documents is not None and len(plan.sources) >= request.max_documents:
             break
-        if not request.reprocess:
+        if snapshot is not None:
             state = snapshot.status(info)
             if state == "done":
                 plan.already_converted += 1

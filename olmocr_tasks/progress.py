@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -97,7 +96,3 @@ class ProgressReporter:
                 self._stream.flush()
             else:
                 log.info("progress: %s", self.line())
-
-
-def is_terminal(stream: TextIO = sys.stderr) -> bool:
-    return stream.isatty()
