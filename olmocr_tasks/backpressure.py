@@ -6,8 +6,8 @@ reads vLLM's ``/metrics`` and runs an AIMD controller over its window: grow whil
 queue is short, shrink multiplicatively when it passes a high-water mark. Independent clients doing
 this converge on a short, non-empty queue, which keeps the GPU fed without piling up requests.
 
-This module is pure (no I/O): the client owns the polling; here are the parser, the controller and
-the resizable limiter it adjusts.
+This module is pure (no I/O): the client owns the polling and ``vllm_metrics`` the parsing; here are
+the controller and the resizable limiter it adjusts.
 """
 
 from __future__ import annotations
@@ -17,75 +17,8 @@ import collections
 import contextlib
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-RUNNING_METRIC = "vllm:num_requests_running"
-WAITING_METRIC = "vllm:num_requests_waiting"
-
-
-@dataclass(frozen=True)
-class QueueSample:
-    """One replica's scheduler state: requests being generated and requests queued behind them."""
-
-    running: float
-    waiting: float
-
-
-class MetricsFormatError(ValueError):
-    """The text is not a Prometheus exposition carrying vLLM's queue gauges."""
-
-
-def parse_vllm_queue(text: str) -> QueueSample:
-    """Read vLLM's running/waiting gauges from Prometheus text, summed over every label set.
-
-    vLLM labels its gauges (``model_name``, and ``engine`` with data parallelism), so one metric can
-    appear on several lines; the queue of the server is their sum.
-    """
-    totals = {RUNNING_METRIC: 0.0, WAITING_METRIC: 0.0}
-    seen: set[str] = set()
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        for name in totals:
-            if not line.startswith(name):
-                continue
-            rest = line[len(name) :]
-            if rest[:1] == "{":
-                rest = _skip_labels(rest)
-            elif rest[:1] not in (" ", "\t"):
-                # A longer metric name sharing the prefix (e.g. ..._waiting_by_reason).
-                continue
-            fields = rest.split()
-            if not fields:
-                raise MetricsFormatError(f"metric {name} has no value")
-            try:
-                value = float(fields[0])
-            except ValueError:
-                raise MetricsFormatError(f"metric {name} has a non-numeric value") from None
-            if math.isfinite(value):
-                totals[name] += value
-            seen.add(name)
-    missing = [name for name in totals if name not in seen]
-    if missing:
-        raise MetricsFormatError(f"metrics lack {', '.join(missing)}")
-    return QueueSample(running=totals[RUNNING_METRIC], waiting=totals[WAITING_METRIC])
-
-
-def _skip_labels(rest: str) -> str:
-    """Return what follows a ``{...}`` label block, respecting quoted values that may contain braces."""
-    in_quotes = False
-    escaped = False
-    for index, char in enumerate(rest):
-        if escaped:
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif char == '"':
-            in_quotes = not in_quotes
-        elif char == "}" and not in_quotes:
-            return rest[index + 1 :]
-    raise MetricsFormatError("unterminated label block")
+from olmocr_tasks.vllm_metrics import QueueSample
 
 
 def target_waiting(running: float) -> float:

@@ -40,13 +40,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from olmocr_tasks.backpressure import (
-    AdaptiveLimiter,
-    AimdController,
-    MetricsFormatError,
-    QueueSample,
-    parse_vllm_queue,
-)
+from olmocr_tasks.backpressure import AdaptiveLimiter, AimdController
 from olmocr_tasks.config import ServerSettings
 from olmocr_tasks.errors import (
     ConfigurationError,
@@ -56,6 +50,7 @@ from olmocr_tasks.errors import (
     ServerUnavailable,
 )
 from olmocr_tasks.redaction import redact_text, redact_url
+from olmocr_tasks.vllm_metrics import MetricsFormatError, QueueSample, parse_vllm_queue
 
 log = logging.getLogger(__name__)
 

@@ -6,15 +6,8 @@ import asyncio
 
 import pytest
 
-from olmocr_tasks.backpressure import (
-    AdaptiveLimiter,
-    AimdController,
-    MetricsFormatError,
-    QueueSample,
-    high_water,
-    parse_vllm_queue,
-    target_waiting,
-)
+from olmocr_tasks.backpressure import AdaptiveLimiter, AimdController, high_water, target_waiting
+from olmocr_tasks.vllm_metrics import MetricsFormatError, QueueSample, parse_vllm_queue
 
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

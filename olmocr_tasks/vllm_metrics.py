@@ -1,0 +1,157 @@
+"""vLLM's ``/metrics`` in Prometheus text: the queue reader the client polls and the writer our servers use.
+
+The reader and the writer live together so the names, labels and number format the adaptive client
+expects are the ones the CPU engine and the test stand-in publish. Pure (no I/O).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+RUNNING_METRIC = "vllm:num_requests_running"
+WAITING_METRIC = "vllm:num_requests_waiting"
+SUCCESS_METRIC = "vllm:request_success_total"
+PROMPT_TOKENS_METRIC = "vllm:prompt_tokens_total"
+GENERATION_TOKENS_METRIC = "vllm:generation_tokens_total"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class QueueSample:
+    """One replica's scheduler state: requests being generated and requests queued behind them."""
+
+    running: float
+    waiting: float
+
+
+class MetricsFormatError(ValueError):
+    """The text is not a Prometheus exposition carrying vLLM's queue gauges."""
+
+
+def parse_vllm_queue(text: str) -> QueueSample:
+    """Read vLLM's running/waiting gauges from Prometheus text, summed over every label set.
+
+    vLLM labels its gauges (``model_name``, and ``engine`` with data parallelism), so one metric can
+    appear on several lines; the queue of the server is their sum.
+    """
+    totals = {RUNNING_METRIC: 0.0, WAITING_METRIC: 0.0}
+    seen: set[str] = set()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        for name in totals:
+            if not line.startswith(name):
+                continue
+            rest = line[len(name) :]
+            if rest[:1] == "{":
+                rest = _skip_labels(rest)
+            elif rest[:1] not in (" ", "\t"):
+                # A longer metric name sharing the prefix (e.g. ..._waiting_by_reason).
+                continue
+            fields = rest.split()
+            if not fields:
+                raise MetricsFormatError(f"metric {name} has no value")
+            try:
+                value = float(fields[0])
+            except ValueError:
+                raise MetricsFormatError(f"metric {name} has a non-numeric value") from None
+            if math.isfinite(value):
+                totals[name] += value
+            seen.add(name)
+    missing = [name for name in totals if name not in seen]
+    if missing:
+        raise MetricsFormatError(f"metrics lack {', '.join(missing)}")
+    return QueueSample(running=totals[RUNNING_METRIC], waiting=totals[WAITING_METRIC])
+
+
+def _skip_labels(rest: str) -> str:
+    """Return what follows a ``{...}`` label block, respecting quoted values that may contain braces."""
+    in_quotes = False
+    escaped = False
+    for index, char in enumerate(rest):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == '"':
+            in_quotes = not in_quotes
+        elif char == "}" and not in_quotes:
+            return rest[index + 1 :]
+    raise MetricsFormatError("unterminated label block")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Writer
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric family: ``samples`` pairs each label set (in order) with its value."""
+
+    name: str
+    kind: str  # "gauge" or "counter"
+    help: str
+    samples: tuple[tuple[tuple[tuple[str, str], ...], float], ...]
+
+
+@dataclass(frozen=True)
+class ServerMetrics:
+    """What a vLLM-compatible server publishes about one served model."""
+
+    model: str
+    running: float
+    waiting: float
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+    # finish reason ("stop", "length") -> completed requests, as vLLM labels its success counter.
+    success_by_reason: Mapping[str, float] = field(default_factory=dict)
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(pairs: tuple[tuple[str, str], ...]) -> str:
+    if not pairs:
+        return ""
+    return "{" + ",".join(f'{key}="{_escape_label(value)}"' for key, value in pairs) + "}"
+
+
+def render_metrics(metrics: Iterable[Metric]) -> str:
+    """Prometheus text exposition (version 0.0.4) of ``metrics``."""
+    lines: list[str] = []
+    for metric in metrics:
+        lines += [f"# HELP {metric.name} {metric.help}", f"# TYPE {metric.name} {metric.kind}"]
+        lines += [f"{metric.name}{_labels(labels)} {float(value)}" for labels, value in metric.samples]
+    return "\n".join(lines) + "\n"
+
+
+def vllm_metrics(state: ServerMetrics) -> list[Metric]:
+    """The metric families vLLM publishes that olmOCR clients and dashboards read, labelled as vLLM does."""
+    model = (("model_name", state.model),)
+    reasons = state.success_by_reason or {"stop": 0.0}
+    return [
+        Metric(RUNNING_METRIC, "gauge", "Number of requests in model execution batches.", ((model, state.running),)),
+        Metric(WAITING_METRIC, "gauge", "Number of requests waiting to be processed.", ((model, state.waiting),)),
+        Metric(
+            SUCCESS_METRIC,
+            "counter",
+            "Count of successfully processed requests.",
+            tuple(((("finished_reason", reason), *model), count) for reason, count in sorted(reasons.items())),
+        ),
+        Metric(PROMPT_TOKENS_METRIC, "counter", "Number of prefill tokens processed.", ((model, state.prompt_tokens),)),
+        Metric(
+            GENERATION_TOKENS_METRIC,
+            "counter",
+            "Number of generation tokens processed.",
+            ((model, state.generation_tokens),),
+        ),
+    ]
+
+
+def render_vllm_metrics(state: ServerMetrics, extra: Iterable[Metric] = ()) -> str:
+    """``/metrics`` of a vLLM-compatible server: vLLM's families for ``state``, then ``extra`` ones."""
+    return render_metrics([*vllm_metrics(state), *extra])
