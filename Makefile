@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
 	@# Bytecode compiled at install: every Airflow subprocess would otherwise recompile its imports when
 	@# PYTHONDONTWRITEBYTECODE is set (as on some CI machines).
-	$(BIN)/uv pip install --quiet --compile-bytecode -p $(BIN)/python -e ".[airflow,s3,test]"
+	$(BIN)/uv pip install --quiet --compile-bytecode -p $(BIN)/python -e ".[airflow,deploy,s3,test]"
 	@touch $(STAMP)
 
 clean:
