@@ -24,17 +24,17 @@ import tempfile
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from olmocr_tasks import __version__
-from olmocr_tasks.client import AttemptFailed, InferenceClient
+from olmocr_tasks.client import InferenceClient
 from olmocr_tasks.config import ConversionSettings
 from olmocr_tasks.errors import (
     CorruptPdfError,
     DocumentError,
     ErrorRateExceededError,
     InfrastructureError,
+    RenderError,
     TooLargeError,
     UnreadableSourceError,
 )
@@ -44,25 +44,15 @@ from olmocr_tasks.outputs import write_document_outputs
 from olmocr_tasks.pages import PageConverter
 from olmocr_tasks.progress import ProgressReporter
 from olmocr_tasks.protocol import PROMPT_VERSION, RequestBodyBuilder
-from olmocr_tasks.rendering import RenderError, RenderPool
+from olmocr_tasks.rendering import RenderPool
 from olmocr_tasks.results import DocumentResult, PageResult
-from olmocr_tasks.storage import ObjectInfo, Storage, is_s3
+from olmocr_tasks.runs import SourceDocument
+from olmocr_tasks.storage import Storage
+from olmocr_tasks.uri import is_s3
 
 log = logging.getLogger(__name__)
 
 _HASH_CHUNK = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class SourceDocument:
-    """A PDF to convert: where it is, what the listing said about it, and where its outputs go."""
-
-    info: ObjectInfo
-    stem: str
-
-    @property
-    def uri(self) -> str:
-        return self.info.uri
 
 
 class _Admission:
@@ -136,8 +126,6 @@ class ConversionEngine:
             self._renderer,
             RequestBodyBuilder(settings.server.model, settings.page.max_tokens),
             settings.page,
-            attempt_failed=AttemptFailed,
-            render_failed=RenderError,
         )
         self._spool_dir: str | None = None
         self._content_in_progress: dict[str, asyncio.Future[tuple[dict[str, str], str]]] = {}

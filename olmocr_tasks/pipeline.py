@@ -3,7 +3,7 @@
 A run is: **plan** (discover PDFs, drop those already converted with the same content, model and
 prompt, list dead letters), **convert** (one or many batches, each writing a *part* file with its
 documents' manifest entries), and **publish** (merge the plan and the parts into the run manifest,
-written last). The plan and parts live under ``OUTPUT/_runs/<run-id>/`` so that every discovered
+written last). The plan and parts live in the run folder (``olmocr_tasks.runs``) so that every discovered
 document reaches the manifest — a batch that never reported is accounted for as failed — and XCom
 only ever carries URIs and counts.
 """
@@ -11,8 +11,6 @@ only ever carries URIs and counts.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -21,18 +19,17 @@ from typing import Any, TextIO
 
 from olmocr_tasks import __version__
 from olmocr_tasks.config import ConversionSettings
-from olmocr_tasks.conversion import ConversionEngine, SourceDocument
+from olmocr_tasks.conversion import ConversionEngine
 from olmocr_tasks.discovery import MissingSource, iter_pdfs, resolve_explicit
 from olmocr_tasks.ledger import Ledger, conversion_key
-from olmocr_tasks.manifest import DocumentEntry, Manifest, manifest_uri, safe_run_id, utc_now
+from olmocr_tasks.manifest import DocumentEntry, Manifest, manifest_uri, utc_now
 from olmocr_tasks.outputs import output_stem
 from olmocr_tasks.progress import ProgressReporter
 from olmocr_tasks.protocol import PROMPT_VERSION
-from olmocr_tasks.storage import ObjectInfo, Storage, join_uri
+from olmocr_tasks.runs import RunFolder, RunPlan, SourceDocument
+from olmocr_tasks.storage import ObjectInfo, Storage
 
 log = logging.getLogger(__name__)
-
-RUNS_DIR = "_runs"
 
 
 @dataclass(frozen=True)
@@ -56,59 +53,8 @@ class RunRequest:
             self.settings.server.model, PROMPT_VERSION, self.settings.page.target_longest_image_dim
         )
 
-    def run_dir(self) -> str:
-        return join_uri(self.output_uri, RUNS_DIR, safe_run_id(self.run_id))
-
-
-@dataclass
-class RunPlan:
-    sources: list[SourceDocument]
-    # Documents that cannot even be attempted (an explicit URI that does not exist).
-    unavailable: list[DocumentEntry] = field(default_factory=list)
-    dead_letters: list[DocumentEntry] = field(default_factory=list)
-    already_converted: int = 0
-    started_at: str = field(default_factory=utc_now)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "started_at": self.started_at,
-            "already_converted": self.already_converted,
-            "sources": [source_to_dict(source) for source in self.sources],
-            "unavailable": [entry.to_dict() for entry in self.unavailable],
-            "dead_letters": [entry.to_dict() for entry in self.dead_letters],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunPlan:
-        return cls(
-            sources=[source_from_dict(item) for item in data["sources"]],
-            unavailable=[DocumentEntry.from_dict(item) for item in data.get("unavailable", [])],
-            dead_letters=[DocumentEntry.from_dict(item) for item in data.get("dead_letters", [])],
-            already_converted=data.get("already_converted", 0),
-            started_at=data["started_at"],
-        )
-
-
-def source_to_dict(source: SourceDocument) -> dict[str, Any]:
-    info = source.info
-    return {
-        "uri": info.uri,
-        "size": info.size,
-        "etag": info.etag,
-        "last_modified": info.last_modified.isoformat() if info.last_modified else None,
-        "stem": source.stem,
-    }
-
-
-def source_from_dict(data: dict[str, Any]) -> SourceDocument:
-    modified = data.get("last_modified")
-    info = ObjectInfo(
-        uri=data["uri"],
-        size=data.get("size"),
-        etag=data.get("etag"),
-        last_modified=datetime.fromisoformat(modified) if modified else None,
-    )
-    return SourceDocument(info=info, stem=data["stem"])
+    def run_folder(self, storage: Storage) -> RunFolder:
+        return RunFolder(storage, self.output_uri, self.run_id)
 
 
 def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
@@ -199,20 +145,6 @@ def pack_batches(
         max_documents_per_batch *= 2
 
 
-def write_plan(request: RunRequest, plan: RunPlan, storage: Storage) -> str:
-    uri = join_uri(request.run_dir(), "plan.json")
-    storage.write_bytes_atomic(uri, json.dumps(plan.to_dict()).encode())
-    return uri
-
-
-def read_plan(request: RunRequest, storage: Storage) -> RunPlan:
-    return RunPlan.from_dict(json.loads(storage.read_bytes(join_uri(request.run_dir(), "plan.json"))))
-
-
-def part_uri(request: RunRequest, batch_key: str) -> str:
-    return join_uri(request.run_dir(), "parts", f"{batch_key}.json")
-
-
 async def convert_sources(
     request: RunRequest,
     storage: Storage,
@@ -245,10 +177,6 @@ async def convert_sources(
             return await engine.convert_all(sources)
 
 
-def entry_uri(request: RunRequest, source_uri: str) -> str:
-    return join_uri(request.run_dir(), "entries", hashlib.sha1(source_uri.encode()).hexdigest() + ".json")
-
-
 def convert_batch(
     request: RunRequest,
     storage: Storage,
@@ -263,15 +191,15 @@ def convert_batch(
     outage, worker killed), publishing still reports what it did convert instead of "not converted".
     """
 
+    folder = request.run_folder(storage)
+
     async def save_entry(entry: DocumentEntry) -> None:
-        data = json.dumps(entry.to_dict()).encode()
-        await asyncio.to_thread(storage.write_bytes_atomic, entry_uri(request, entry.source), data)
+        await asyncio.to_thread(folder.write_entry, entry)
 
     entries = asyncio.run(
         convert_sources(request, storage, sources, task_context=task_context, on_document=save_entry)
     )
-    uri = part_uri(request, batch_key)
-    storage.write_bytes_atomic(uri, json.dumps([entry.to_dict() for entry in entries]).encode())
+    uri = folder.write_part(batch_key, entries)
     return summarize(entries) | {"part": uri, "batch": batch_key}
 
 
@@ -283,30 +211,6 @@ def summarize(entries: Iterable[DocumentEntry]) -> dict[str, int]:
         counts["pages"] += entry.pages
         counts["fallback_pages"] += entry.fallback_pages
     return counts
-
-
-def collect_parts(
-    request: RunRequest, storage: Storage, expected_sources: Iterable[str] = ()
-) -> dict[str, DocumentEntry]:
-    """Every entry reported by this run's batches, keyed by source URI.
-
-    Part files (one per finished batch) are read first; sources in ``expected_sources`` that no part
-    reports are then looked up among the per-document entries of batches that died part-way.
-    """
-    entries: dict[str, DocumentEntry] = {}
-    for info in storage.list_objects(join_uri(request.run_dir(), "parts") + "/"):
-        if not info.uri.endswith(".json"):
-            continue
-        for item in json.loads(storage.read_bytes(info.uri)):
-            entry = DocumentEntry.from_dict(item)
-            entries[entry.source] = entry
-    missing = {entry_uri(request, source): source for source in expected_sources if source not in entries}
-    if missing:
-        for info in storage.list_objects(join_uri(request.run_dir(), "entries") + "/"):
-            if info.uri in missing:
-                entry = DocumentEntry.from_dict(json.loads(storage.read_bytes(info.uri)))
-                entries[entry.source] = entry
-    return entries
 
 
 def build_manifest(

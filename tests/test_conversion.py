@@ -256,7 +256,7 @@ def test_failed_documents_are_retried_by_later_runs_then_dead_lettered(tmp_path:
 
 
 def test_a_batch_that_dies_part_way_still_reports_what_it_converted(tmp_path: Path, standin: StandinServer) -> None:
-    from olmocr_tasks.pipeline import build_manifest, collect_parts, convert_batch, plan_run
+    from olmocr_tasks.pipeline import build_manifest, convert_batch, plan_run
 
     for doc_id in (1, 2):
         pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(1, doc_id=doc_id))
@@ -271,7 +271,7 @@ def test_a_batch_that_dies_part_way_still_reports_what_it_converted(tmp_path: Pa
     plan = plan_run(request, storage)
     with pytest.raises(ServerUnavailable):
         convert_batch(request, storage, "b0", sorted(plan.sources, key=lambda source: source.uri))
-    manifest = build_manifest(request, plan, collect_parts(request, storage, [s.uri for s in plan.sources]))
+    manifest = build_manifest(request, plan, request.run_folder(storage).collect(s.uri for s in plan.sources))
     statuses = {Path(doc.source).name: (doc.status, doc.error_class) for doc in manifest.documents}
     assert statuses == {
         "d1.pdf": ("converted", None),

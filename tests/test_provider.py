@@ -16,9 +16,9 @@ import pytest
 from airflow.sdk import Asset, RetryAction
 from airflow.sdk.exceptions import AirflowFailException
 
-from olmocr_tasks.conversion import SourceDocument
 from olmocr_tasks.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
 from olmocr_tasks.provider import tasks
+from olmocr_tasks.runs import SourceDocument
 from olmocr_tasks.storage import ObjectInfo
 from tests.airflow_env import REPO_ROOT, aws_connection, base_env
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION

@@ -21,14 +21,10 @@ from olmocr_tasks.errors import ServerUnavailable
 from olmocr_tasks.pipeline import (
     RunRequest,
     build_manifest,
-    collect_parts,
     convert_batch,
-    part_uri,
     plan_run,
     publish_manifest,
-    read_plan,
     run_conversion,
-    write_plan,
 )
 from olmocr_tasks.storage import Storage
 from tests import pdfgen
@@ -153,8 +149,9 @@ def test_stalled_server_mid_run_fails_the_task_as_retryable_and_the_retry_comple
     settings = quick_settings(standin.url, read_timeout_s=1.0, outage_window_s=2.0, max_concurrent_requests=2)
     request = RunRequest(str(tmp_path / "in"), str(tmp_path / "out"), "stalled", settings=settings)
     storage = Storage()
-    write_plan(request, plan_run(request, storage), storage)
-    sources = read_plan(request, storage).sources
+    folder = request.run_folder(storage)
+    folder.write_plan(plan_run(request, storage))
+    sources = folder.read_plan().sources
     outcome: list[BaseException] = []
 
     def batch() -> None:
@@ -175,7 +172,7 @@ def test_stalled_server_mid_run_fails_the_task_as_retryable_and_the_retry_comple
     assert len(outcome) == 1 and isinstance(outcome[0], ServerUnavailable), outcome
 
     out = tmp_path / "out"
-    assert not Path(part_uri(request, "b0")).exists(), "a failed batch must not report its documents"
+    assert not Path(folder.part_uri("b0")).exists(), "a failed batch must not report its documents"
     view = assert_reader_view_consistent(str(out), doc_ids=doc_ids)
     assert view.failed_markers == [] and view.manifests == {}
     assert all(record["metadata"]["total-fallback-pages"] == 0 for record in view.dolma.values())
@@ -183,7 +180,7 @@ def test_stalled_server_mid_run_fails_the_task_as_retryable_and_the_retry_comple
     standin.resume()
     summary = convert_batch(request, storage, "b0", sources)  # Airflow's retry of the same task
     assert summary["failed"] == 0 and summary["fallback_pages"] == 0
-    manifest = build_manifest(request, read_plan(request, storage), collect_parts(request, storage))
+    manifest = build_manifest(request, folder.read_plan(), folder.collect())
     publish_manifest(manifest, storage)
     assert [doc.status for doc in manifest.documents].count("failed") == 0
     assert len(manifest.documents) == 4 and manifest.counts()["fallback_pages"] == 0

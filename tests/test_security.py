@@ -32,13 +32,10 @@ from olmocr_tasks.errors import ServerNotReady
 from olmocr_tasks.pipeline import (
     RunRequest,
     build_manifest,
-    collect_parts,
     convert_batch,
     plan_run,
     publish_manifest,
-    read_plan,
     run_conversion,
-    write_plan,
 )
 from olmocr_tasks.storage import Storage
 from tests import pdfgen
@@ -146,9 +143,10 @@ def test_canary_secrets_appear_nowhere_a_run_leaves_anything(
     settings = quick_settings(standin.url, api_key=canaries["API key"])
     request = RunRequest(source, f"{target}-task", "task-run", settings=settings)
     storage = Storage()
-    write_plan(request, plan_run(request, storage), storage)
-    xcom = convert_batch(request, storage, "b0", read_plan(request, storage).sources)
-    manifest = build_manifest(request, read_plan(request, storage), collect_parts(request, storage))
+    folder = request.run_folder(storage)
+    folder.write_plan(plan_run(request, storage))
+    xcom = convert_batch(request, storage, "b0", folder.read_plan().sources)
+    manifest = build_manifest(request, folder.read_plan(), folder.collect())
     publish_manifest(manifest, storage)
     outputs["XCom of the batch"] = json.dumps(xcom)
     outputs["manifest object"] = manifest.to_json()

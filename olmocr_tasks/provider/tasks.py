@@ -21,7 +21,6 @@ XCom carries only these descriptors and counts; credentials are resolved inside 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,25 +43,21 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from olmocr_tasks.config import ConversionSettings
-from olmocr_tasks.conversion import SourceDocument
 from olmocr_tasks.errors import ConfigurationError, InfrastructureError, ServerMisconfigured, ServerNotReady
 from olmocr_tasks.pipeline import (
     RunRequest,
     build_manifest,
-    collect_parts,
     convert_batch,
     pack_batches,
     plan_run,
     publish_manifest,
-    read_plan,
-    source_from_dict,
-    source_to_dict,
-    write_plan,
 )
 from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.hooks import VllmHook
+from olmocr_tasks.runs import SourceDocument
 from olmocr_tasks.s3_events import documents_from_asset_events
-from olmocr_tasks.storage import Storage, is_s3, join_uri
+from olmocr_tasks.storage import Storage
+from olmocr_tasks.uri import is_s3
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +70,6 @@ OUTPUTS_ASSET = Asset(name="olmocr_outputs")
 SCOPES = ("auto", "interval", "all")
 # Run types whose data interval is a real window of time to discover in.
 _INTERVAL_RUN_TYPES = frozenset({"scheduled", "backfill"})
-BATCHES_DIR = "batches"
 # Long enough to recognise a document in the grid; 1000 batch descriptors stay around 100 KB.
 _LABEL_CHARS = 80
 
@@ -389,22 +383,6 @@ def batch_label(sources: Sequence[SourceDocument], input_uri: str) -> str:
     return label if len(label) <= _LABEL_CHARS else "…" + label[-(_LABEL_CHARS - 1) :]
 
 
-def _batch_uri(request: RunRequest, batch_key: str) -> str:
-    return join_uri(request.run_dir(), BATCHES_DIR, f"{batch_key}.json")
-
-
-def _clear_earlier_attempt(request: RunRequest, storage: Storage) -> None:
-    # A cleared and re-run DAG run plans again: parts and batches of its earlier attempt must not
-    # leak into this attempt's manifest.
-    stale = [
-        info.uri
-        for folder in ("parts", "entries", BATCHES_DIR)
-        for info in storage.list_objects(join_uri(request.run_dir(), folder) + "/")
-    ]
-    for uri in stale:
-        storage.delete(uri)
-
-
 def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> list[dict[str, Any]]:
     """Discover, write the plan and the batches; return one small descriptor per batch.
 
@@ -416,9 +394,11 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
     storage = storage_for([request.input_uri, request.output_uri, *(request.documents or ())])
-    _clear_earlier_attempt(request, storage)
+    folder = request.run_folder(storage)
+    # A cleared and re-run DAG run plans again.
+    folder.clear_earlier_attempt()
     plan = plan_run(request, storage)
-    write_plan(request, plan, storage)
+    folder.write_plan(plan)
     batches = pack_batches(plan.sources, max_batches=max_map_length())
     descriptors = [
         {"batch": f"b{index:05d}", "label": batch_label(batch, request.input_uri), "documents": len(batch)}
@@ -427,8 +407,7 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
 
     def write(item: tuple[dict[str, Any], list[SourceDocument]]) -> None:
         descriptor, batch = item
-        payload = json.dumps([source_to_dict(source) for source in batch]).encode()
-        storage.write_bytes_atomic(_batch_uri(request, descriptor["batch"]), payload)
+        folder.write_batch(descriptor["batch"], batch)
 
     # One object per batch so a convert task reads only its own sources, not the whole plan.
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -461,9 +440,7 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
         request = build_request(context)
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
-    output = storage_for([request.output_uri])
-    raw = json.loads(output.read_bytes(_batch_uri(request, batch["batch"])))
-    sources = [source_from_dict(item) for item in raw]
+    sources = request.run_folder(storage_for([request.output_uri])).read_batch(batch["batch"])
     storage = storage_for([request.input_uri, request.output_uri, *(source.uri for source in sources)])
     summary = convert_batch(request, storage, batch["batch"], sources, task_context=task_identity(context))
     log.info("batch %s (%s): %s", batch["batch"], batch.get("label"), summary)
@@ -490,9 +467,9 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
     storage = storage_for([request.input_uri, request.output_uri])
-    plan = read_plan(request, storage)
-    expected = [source.uri for source in plan.sources]
-    manifest = build_manifest(request, plan, collect_parts(request, storage, expected))
+    folder = request.run_folder(storage)
+    plan = folder.read_plan()
+    manifest = build_manifest(request, plan, folder.collect(source.uri for source in plan.sources))
     counts = manifest.counts()
     not_converted = sum(1 for doc in manifest.documents if doc.error_class == "not_converted")
     rate = float(context["params"].get("max_document_error_rate", 0.05))
