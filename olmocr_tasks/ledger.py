@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from olmocr_tasks.manifest import utc_now
-from olmocr_tasks.storage import ObjectInfo, Storage, is_s3, join_uri, local_path
+from olmocr_tasks.storage import ObjectInfo, Storage
+from olmocr_tasks.uri import is_s3, join_uri, local_path
 
 STATE_DIR = "_state"
 SOURCES_DIR = "sources"

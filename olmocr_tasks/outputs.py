@@ -19,7 +19,8 @@ from datetime import date
 from typing import Any
 
 from olmocr_tasks.results import DocumentResult
-from olmocr_tasks.storage import Storage, is_s3, join_uri, local_path, safe_join, safe_relative_key, split_s3
+from olmocr_tasks.storage import Storage
+from olmocr_tasks.uri import is_s3, join_uri, local_path, safe_join, safe_relative_key, split_s3
 
 DOLMA_DIR = "dolma"
 MARKDOWN_DIR = "markdown"

@@ -21,7 +21,8 @@ from olmocr_tasks.ledger import (
 )
 from olmocr_tasks.outputs import output_stem, write_document_outputs
 from olmocr_tasks.results import DocumentResult, PageResult
-from olmocr_tasks.storage import ObjectInfo, RetryPolicy, Storage, join_uri
+from olmocr_tasks.storage import ObjectInfo, RetryPolicy, Storage
+from olmocr_tasks.uri import join_uri
 from tests.fixtures.s3 import FaultProxy
 
 CONV = conversion_key("allenai/olmOCR-2-7B-1025-FP8", "olmocr-v4-yaml", 1288)

@@ -99,7 +99,7 @@ def test_sigkill_mid_document_then_rerun(tmp_path: Path, standin: StandinServer)
 # its bytes first, leaving exactly the state a crash mid-write leaves behind.
 _PAUSE_MID_WRITE = """
 import os, sys, time
-import olmocr_tasks.storage as storage
+import olmocr_tasks.storage_backends.local as storage
 from olmocr_tasks.cli import main
 
 flag = os.environ["OLMOCR_TEST_PAUSED_FLAG"]

@@ -15,19 +15,9 @@ from typing import Any
 import pytest
 
 from olmocr_tasks.errors import StorageError, UnreadableSourceError
-from olmocr_tasks.storage import (
-    TEMP_SUFFIX,
-    ObjectInfo,
-    RetryPolicy,
-    Storage,
-    is_s3,
-    join_uri,
-    local_path,
-    safe_join,
-    safe_relative_key,
-    split_s3,
-    storage_options_from_env,
-)
+from olmocr_tasks.storage import TEMP_SUFFIX, ObjectInfo, RetryPolicy, Storage
+from olmocr_tasks.storage_backends.s3 import storage_options_from_env
+from olmocr_tasks.uri import is_s3, join_uri, local_path, safe_join, safe_relative_key, split_s3
 from tests.fixtures.s3 import FaultProxy
 
 # Tiny backoffs keep retry tests fast; botocore's own retries are off so request counts are exact.
