@@ -149,7 +149,7 @@ def parse_front_matter(content: str) -> PageResponse:
         raise FrontMatterError(f"unexpected field(s): {', '.join(extra)}")
 
     language = data["primary_language"]
-    if isinstance(language, bool) or language == "":
+    if isinstance(language, bool) or not language:  # YAML's no/false, "", 0, [] are no language, as in olmOCR
         language = None
     if language is not None and not isinstance(language, str):
         raise FrontMatterError("primary_language must be a string or null")
