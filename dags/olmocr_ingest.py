@@ -23,7 +23,8 @@ from datetime import UTC, datetime
 
 from airflow.sdk import CronDataIntervalTimetable, dag
 
-from olmocr_tasks.provider.tasks import conversion_flow, ingest_params
+from olmocr_tasks.provider.params import ingest_params
+from olmocr_tasks.provider.tasks import conversion_flow
 
 
 @dag(

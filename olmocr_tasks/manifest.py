@@ -20,6 +20,8 @@ MANIFESTS_DIR = "manifests"
 Status = Literal["converted", "failed", "skipped"]
 
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
+# The error class of a planned document whose batch never reported it.
+NOT_CONVERTED = "not_converted"
 
 
 def utc_now() -> str:
@@ -92,7 +94,7 @@ class Manifest:
     dead_letters: list[DocumentEntry] = field(default_factory=list)
     already_converted: int = 0
     gpu_hour_price: float | None = None
-    # Set by the Airflow publish task: the run-level budget and whether this run exceeded it.
+    # Set by ``judge_error_budget`` (the Airflow publish task): the budget and whether this run exceeded it.
     error_budget: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
@@ -113,7 +115,20 @@ class Manifest:
             "server_input_tokens": sum(doc.server_input_tokens for doc in self.documents),
             "server_output_tokens": sum(doc.server_output_tokens for doc in self.documents),
             "attempts": sum(doc.attempts for doc in self.documents),
+            NOT_CONVERTED: sum(1 for doc in self.documents if doc.error_class == NOT_CONVERTED),
         }
+
+    def judge_error_budget(self, max_document_error_rate: float) -> dict[str, Any]:
+        """Record (in ``error_budget``) and return whether this run counts as failed, and why.
+
+        The only place the run-level budget is judged: the Airflow enforce task and the OCR runs page
+        read the verdict from the manifest instead of judging again.
+        """
+        self.error_budget = {
+            "max_document_error_rate": max_document_error_rate,
+            **error_budget_verdict(self.counts(), max_document_error_rate),
+        }
+        return self.error_budget
 
     def metrics(self) -> dict[str, Any]:
         counts = self.counts()
@@ -192,6 +207,24 @@ class Manifest:
             error_budget=data.get("error_budget"),
             schema_version=data.get("schema_version", SCHEMA_VERSION),
         )
+
+
+def error_budget_verdict(counts: dict[str, int], max_document_error_rate: float) -> dict[str, Any]:
+    """``{"exceeded": bool, "problems": [why, ...]}`` for a run's counts (see ``Manifest.counts``)."""
+    problems = []
+    if counts.get(NOT_CONVERTED):
+        problems.append(
+            f"{counts[NOT_CONVERTED]} documents were in convert tasks that failed "
+            "(see those task logs; the next run retries them)"
+        )
+    attempted = counts.get("converted", 0) + counts.get("failed", 0) + counts.get("skipped", 0)
+    failed = counts.get("failed", 0)
+    if attempted and failed / attempted > max_document_error_rate:
+        problems.append(
+            f"{failed} of {attempted} documents failed ({failed / attempted:.1%}), "
+            f"over the budget of {max_document_error_rate:.1%}"
+        )
+    return {"exceeded": bool(problems), "problems": problems}
 
 
 def _attempt_key(attempt: str) -> int:

@@ -17,7 +17,9 @@ from airflow.sdk import Asset, RetryAction
 from airflow.sdk.exceptions import AirflowFailException
 
 from olmocr_tasks.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
-from olmocr_tasks.provider import tasks
+from olmocr_tasks.manifest import DocumentEntry, Manifest
+from olmocr_tasks.provider import hooks, tasks
+from olmocr_tasks.provider import params as dag_params
 from olmocr_tasks.runs import SourceDocument
 from olmocr_tasks.storage import ObjectInfo
 from tests.airflow_env import REPO_ROOT, aws_connection, base_env
@@ -97,7 +99,7 @@ def context(
     **extra: Any,
 ) -> dict[str, Any]:
     """The parts of Airflow's task context the glue reads."""
-    defaults = {p: param.value for p, param in tasks.ingest_params().items()}
+    defaults = {p: param.value for p, param in dag_params.ingest_params().items()}
     return {
         "params": {**defaults, **params},
         "dag": SimpleNamespace(dag_id="olmocr_ingest"),
@@ -174,14 +176,43 @@ def test_tasks_after_plan_need_neither_input_nor_interval() -> None:
     assert request.input_uri == ""
 
 
-def test_error_budget() -> None:
-    ok = {"converted": 96, "failed": 4, "skipped": 0, "not_converted": 0}
-    assert tasks.error_budget_problems(ok, 0.05) == []
-    over = tasks.error_budget_problems({**ok, "converted": 90, "failed": 10}, 0.05)
-    assert over == ["10 of 100 documents failed (10.0%), over the budget of 5.0%"]
-    lost = tasks.error_budget_problems({**ok, "failed": 1, "not_converted": 1}, 0.05)
-    assert "convert tasks that failed" in lost[0]
-    assert tasks.error_budget_problems({"converted": 0, "failed": 0, "skipped": 0}, 0.0) == []
+def _manifest_of(statuses: dict[str, int], not_converted: int = 0) -> Manifest:
+    documents = [
+        DocumentEntry(source=f"s3://b/{status}-{index}.pdf", status=status)  # type: ignore[arg-type]
+        for status, count in statuses.items()
+        for index in range(count)
+    ]
+    documents += [
+        DocumentEntry(source=f"s3://b/lost-{index}.pdf", status="failed", error_class="not_converted")
+        for index in range(not_converted)
+    ]
+    return Manifest("r", "2026-03-01T10:00:00Z", "2026-03-01T10:00:01Z", {}, "m", "p", "v", {}, "", "", documents)
+
+
+def test_error_budget_is_judged_from_the_manifest_and_recorded_in_it() -> None:
+    ok = _manifest_of({"converted": 96, "failed": 4})
+    assert ok.judge_error_budget(0.05) == {"max_document_error_rate": 0.05, "exceeded": False, "problems": []}
+    over = _manifest_of({"converted": 90, "failed": 10})
+    verdict = over.judge_error_budget(0.05)
+    assert verdict["problems"] == ["10 of 100 documents failed (10.0%), over the budget of 5.0%"]
+    assert over.to_dict()["error_budget"] == verdict and verdict["exceeded"] is True
+    lost = _manifest_of({"converted": 98, "failed": 1}, not_converted=1)
+    assert "convert tasks that failed" in lost.judge_error_budget(0.05)["problems"][0]
+    assert lost.counts()["not_converted"] == 1
+    assert _manifest_of({}).judge_error_budget(0.0)["exceeded"] is False
+
+
+def test_enforce_reads_the_published_verdict() -> None:
+    def ti(summary: dict[str, Any] | None) -> dict[str, Any]:
+        return {"ti": SimpleNamespace(xcom_pull=lambda task_ids: summary)}
+
+    verdict = {"max_document_error_rate": 0.05, "exceeded": True, "problems": ["2 of 3 documents failed"]}
+    summary = {"manifest": "s3://o/manifests/r.json", "converted": 1, "failed": 2, "skipped": 0}
+    with pytest.raises(AirflowFailException, match=r"2 of 3 documents failed .* manifest: s3://o/manifests/r\.json"):
+        tasks.enforce_error_budget_body(ti({**summary, "error_budget": verdict}))
+    tasks.enforce_error_budget_body(ti({**summary, "error_budget": {**verdict, "exceeded": False, "problems": []}}))
+    with pytest.raises(AirflowFailException, match="no manifest was published"):
+        tasks.enforce_error_budget_body(ti(None))
 
 
 def test_event_documents_come_from_the_named_asset_only() -> None:
@@ -204,18 +235,18 @@ def test_storage_options_come_from_the_aws_connection(
     monkeypatch: pytest.MonkeyPatch, moto_server: str, s3_bucket: str
 ) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", aws_connection(moto_server, DUMMY_KEY, DUMMY_SECRET, REGION))
-    options = tasks.storage_options()
+    options = hooks.storage_options()
     assert options["key"] == DUMMY_KEY
     assert options["client_kwargs"] == {"endpoint_url": moto_server, "region_name": REGION}
-    storage = tasks.storage_for([f"s3://{s3_bucket}/out/"])
+    storage = hooks.storage_for([f"s3://{s3_bucket}/out/"])
     storage.write_bytes_atomic(f"s3://{s3_bucket}/out/x.json", b"{}")
     assert [info.uri for info in storage.list_objects(f"s3://{s3_bucket}/out/")] == [f"s3://{s3_bucket}/out/x.json"]
     assert DUMMY_SECRET not in repr(storage)
 
 
 def test_local_uris_never_ask_aws_for_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tasks, "storage_options", lambda *_: pytest.fail("AWS was consulted"))
-    tasks.storage_for(["/data/in", "file:///data/out"])
+    monkeypatch.setattr(hooks, "storage_options", lambda *_: pytest.fail("AWS was consulted"))
+    hooks.storage_for(["/data/in", "file:///data/out"])
 
 
 @pytest.mark.parametrize(
@@ -257,8 +288,8 @@ def test_batch_labels() -> None:
 
 
 def test_params_form() -> None:
-    params = tasks.ingest_params()
-    assert list(params) == [
+    form = dag_params.ingest_params()
+    assert list(form) == [
         "input_uri",
         "output_uri",
         "documents",
@@ -270,14 +301,14 @@ def test_params_form() -> None:
         "max_failed_attempts",
         "max_concurrent_requests",
     ]
-    for name, param in params.items():
+    for name, param in form.items():
         assert param.schema.get("title"), name
         assert param.description, name
         assert param.schema.get("section"), name
-    assert params["scope"].value == "auto"
-    assert params["max_document_error_rate"].value == 0.05
-    assert params["max_page_error_rate"].value == 0.004
-    events = tasks.event_params()
+    assert form["scope"].value == "auto"
+    assert form["max_document_error_rate"].value == 0.05
+    assert form["max_page_error_rate"].value == 0.004
+    events = dag_params.event_params()
     assert "documents" not in events and "scope" not in events
     assert {"output_uri", "reprocess", "max_document_error_rate"} <= set(events)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -28,6 +28,11 @@ from olmocr_tasks.client import InferenceClient
 from olmocr_tasks.config import DEFAULT_MODEL, ServerSettings
 from olmocr_tasks.errors import ConfigurationError
 from olmocr_tasks.provider import CONNECTION_TYPE, DEFAULT_CONN_ID
+from olmocr_tasks.storage import Storage
+from olmocr_tasks.uri import is_s3
+
+# The AWS connection that reads inputs and writes outputs on S3 (and, by default, polls SQS).
+AWS_CONN_ID = "aws_default"
 
 _SCHEMES = ("http", "https")
 _DEFAULT_PATH = "/v1"
@@ -174,3 +179,39 @@ async def _check_ready(settings: ServerSettings) -> list[str]:
     # Metrics polling is for conversions; a readiness probe does not need it running.
     async with InferenceClient(dataclasses.replace(settings, adaptive_concurrency=False)) as client:
         return await client.check_ready()
+
+
+def storage_options(aws_conn_id: str = AWS_CONN_ID) -> dict[str, Any]:
+    """s3fs options from an Airflow AWS connection (keys, endpoint, region, botocore config).
+
+    The options hold secrets: they stay in this process (never in XCom, logs or manifests).
+    """
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    hook = S3Hook(aws_conn_id=aws_conn_id)
+    options: dict[str, Any] = {}
+    session_credentials = hook.get_session().get_credentials()
+    if session_credentials is None:
+        options["anon"] = True
+    else:
+        # get_credentials also registers the secret with Airflow's log masker.
+        credentials = hook.get_credentials()
+        options["key"] = credentials.access_key
+        options["secret"] = credentials.secret_key
+        if credentials.token:
+            options["token"] = credentials.token
+    client_kwargs: dict[str, Any] = {}
+    if endpoint := hook.conn_config.get_service_endpoint_url(service_name="s3"):
+        client_kwargs["endpoint_url"] = endpoint
+    if region := hook.conn_config.region_name:
+        client_kwargs["region_name"] = region
+    if client_kwargs:
+        options["client_kwargs"] = client_kwargs
+    if config_kwargs := hook.conn_config.extra_config.get("config_kwargs"):
+        options["config_kwargs"] = dict(config_kwargs)
+    return options
+
+
+def storage_for(uris: Iterable[str], aws_conn_id: str = AWS_CONN_ID) -> Storage:
+    """A ``Storage`` that can read and write every URI given; AWS is asked only when one is on S3."""
+    return Storage(storage_options(aws_conn_id) if any(is_s3(uri) for uri in uris) else None)

@@ -1,4 +1,6 @@
-"""The Airflow side of a conversion run, shared by every DAG: Params, task bodies, the task graph.
+"""The Airflow side of a conversion run, shared by every DAG: task bodies and the task graph.
+
+Params live in ``provider.params``; connections (vLLM, AWS → storage options) in ``provider.hooks``.
 
 The DAG files only choose a schedule and call ``conversion_flow``::
 
@@ -7,13 +9,14 @@ The DAG files only choose a schedule and call ``conversion_flow``::
 * ``check_server`` asks the ``olmocr_vllm`` connection's server whether it serves the model.
 * ``plan`` resolves the run's Params and ``dag_run`` (and, in the S3-event DAG, its triggering asset
   events) into a ``RunRequest``, discovers what to convert, writes the plan and one small file per
-  batch under ``OUTPUT/_runs/<run>/``, and returns batch descriptors
+  batch in the run folder (``olmocr_tasks.runs``), and returns batch descriptors
   (``{"batch": "b00012", "label": "inbox/report.pdf", "documents": 1}``).
 * ``convert`` is mapped over the descriptors; each instance converts its batch and writes a part file.
 * ``publish_manifest`` (``all_done``) merges plan and parts into the run manifest, even when some
-  batches failed, and emits an event on ``OUTPUTS_ASSET``.
-* ``enforce_error_budget`` (``all_done``, the only leaf) fails the run when too many documents failed,
-  when a batch never reported, or when no manifest was published, so a bad run is red.
+  batches failed, judges the run's error budget into it, and emits an event on ``OUTPUTS_ASSET``.
+* ``enforce_error_budget`` (``all_done``, the only leaf) fails the run when the published verdict says
+  the budget was exceeded (too many documents failed, a batch never reported) or when no manifest was
+  published, so a bad run is red.
 
 XCom carries only these descriptors and counts; credentials are resolved inside each task from the
 ``aws_default`` connection and never leave process memory.
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,7 +34,6 @@ from typing import Any
 from airflow.sdk import (
     Asset,
     ExceptionRetryPolicy,
-    Param,
     RetryAction,
     RetryRule,
     TriggerRule,
@@ -53,21 +55,19 @@ from olmocr_tasks.pipeline import (
     publish_manifest,
 )
 from olmocr_tasks.provider import DEFAULT_CONN_ID
-from olmocr_tasks.provider.hooks import VllmHook
+from olmocr_tasks.provider.hooks import VllmHook, storage_for
+from olmocr_tasks.provider.params import SCOPES
 from olmocr_tasks.runs import SourceDocument
 from olmocr_tasks.s3_events import documents_from_asset_events
-from olmocr_tasks.storage import Storage
 from olmocr_tasks.uri import is_s3
 
 log = logging.getLogger(__name__)
 
-AWS_CONN_ID = "aws_default"
 # The pool bounds how many convert tasks hit one vLLM deployment at once, across runs and DAGs.
 POOL = os.environ.get("OLMOCR_POOL", "olmocr_vllm")
 # Downstream DAGs schedule on this; each event's extra names the manifest and carries its counts.
 OUTPUTS_ASSET = Asset(name="olmocr_outputs")
 
-SCOPES = ("auto", "interval", "all")
 # Run types whose data interval is a real window of time to discover in.
 _INTERVAL_RUN_TYPES = frozenset({"scheduled", "backfill"})
 # Long enough to recognise a document in the grid; 1000 batch descriptors stay around 100 KB.
@@ -86,124 +86,6 @@ _INFRASTRUCTURE_RETRIES = ExceptionRetryPolicy(
     ],
     default=RetryAction.FAIL,
 )
-
-
-# ------------------------------------------------------------------------------------------ Params
-
-
-def _env(name: str) -> str | None:
-    return os.environ.get(name) or None
-
-
-def ingest_params() -> dict[str, Param]:
-    """The trigger form of the ingestion DAG."""
-    return {
-        "input_uri": Param(
-            _env("OLMOCR_INPUT_URI"),
-            type=["null", "string"],
-            title="Input",
-            description="Where the PDFs are: s3://bucket/prefix/ or a local folder (default: OLMOCR_INPUT_URI).",
-            section="Input and output",
-        ),
-        "output_uri": Param(
-            _env("OLMOCR_OUTPUT_URI"),
-            type=["null", "string"],
-            title="Output",
-            description="Where markdown, Dolma records and manifests go (default: OLMOCR_OUTPUT_URI).",
-            section="Input and output",
-        ),
-        "documents": Param(
-            None,
-            type=["null", "array"],
-            items={"type": "string"},
-            title="Documents",
-            description="Convert only these PDF URIs (one per line) instead of discovering the input.",
-            section="What to convert",
-        ),
-        "scope": Param(
-            "auto",
-            type="string",
-            enum=list(SCOPES),
-            values_display={
-                "auto": "auto: this interval for scheduled and backfill runs, everything otherwise",
-                "interval": "interval: PDFs last modified in this run's data interval",
-                "all": "all: every PDF not converted yet",
-            },
-            title="Scope",
-            description="Which PDFs discovery considers; ignored when Documents is given.",
-            section="What to convert",
-        ),
-        "reprocess": Param(
-            False,
-            type="boolean",
-            title="Reprocess",
-            description="Convert again even if a PDF was already converted with this model and prompt.",
-            section="What to convert",
-        ),
-        "max_documents": Param(
-            None,
-            type=["null", "integer"],
-            minimum=1,
-            title="Max documents",
-            description="Convert at most this many PDFs in this run (empty: no limit).",
-            section="What to convert",
-        ),
-        **_shared_params(),
-    }
-
-
-def event_params() -> dict[str, Param]:
-    """The trigger form of the S3-event DAG: the events choose the documents."""
-    params = ingest_params()
-    params["input_uri"] = Param(
-        _env("OLMOCR_INPUT_URI"),
-        type=["null", "string"],
-        title="Input prefix",
-        description="Output names mirror keys relative to this prefix, as in the ingestion DAG.",
-        section="Input and output",
-    )
-    for name in ("documents", "scope", "max_documents"):
-        del params[name]
-    return params
-
-
-def _shared_params() -> dict[str, Param]:
-    return {
-        "max_page_error_rate": Param(
-            0.004,
-            type="number",
-            minimum=0,
-            maximum=1,
-            title="Max page error rate",
-            description="A document fails when more than this share of its pages could not be converted.",
-            section="Error budgets",
-        ),
-        "max_document_error_rate": Param(
-            0.05,
-            type="number",
-            minimum=0,
-            maximum=1,
-            title="Max document error rate",
-            description="The run fails (after publishing its manifest) when more documents than this share fail.",
-            section="Error budgets",
-        ),
-        "max_failed_attempts": Param(
-            3,
-            type="integer",
-            minimum=1,
-            title="Max failed attempts",
-            description="A PDF that failed in this many runs is listed as a dead letter instead of retried.",
-            section="Error budgets",
-        ),
-        "max_concurrent_requests": Param(
-            None,
-            type=["null", "integer"],
-            minimum=1,
-            title="Max concurrent requests",
-            description="In-flight page requests per convert task (empty: the connection's setting).",
-            section="Server",
-        ),
-    }
 
 
 # ------------------------------------------------------------------------- resolving a run request
@@ -283,42 +165,6 @@ def build_request(
         max_documents=params.get("max_documents"),
         max_failed_attempts=int(params.get("max_failed_attempts", 3)),
     )
-
-
-def storage_options(aws_conn_id: str = AWS_CONN_ID) -> dict[str, Any]:
-    """s3fs options from an Airflow AWS connection (keys, endpoint, region, botocore config).
-
-    The options hold secrets: they stay in this process (never in XCom, logs or manifests).
-    """
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
-    hook = S3Hook(aws_conn_id=aws_conn_id)
-    options: dict[str, Any] = {}
-    session_credentials = hook.get_session().get_credentials()
-    if session_credentials is None:
-        options["anon"] = True
-    else:
-        # get_credentials also registers the secret with Airflow's log masker.
-        credentials = hook.get_credentials()
-        options["key"] = credentials.access_key
-        options["secret"] = credentials.secret_key
-        if credentials.token:
-            options["token"] = credentials.token
-    client_kwargs: dict[str, Any] = {}
-    if endpoint := hook.conn_config.get_service_endpoint_url(service_name="s3"):
-        client_kwargs["endpoint_url"] = endpoint
-    if region := hook.conn_config.region_name:
-        client_kwargs["region_name"] = region
-    if client_kwargs:
-        options["client_kwargs"] = client_kwargs
-    if config_kwargs := hook.conn_config.extra_config.get("config_kwargs"):
-        options["config_kwargs"] = dict(config_kwargs)
-    return options
-
-
-def storage_for(uris: Iterable[str], aws_conn_id: str = AWS_CONN_ID) -> Storage:
-    """A ``Storage`` that can read and write every URI given; AWS is asked only when one is on S3."""
-    return Storage(storage_options(aws_conn_id) if any(is_s3(uri) for uri in uris) else None)
 
 
 def task_identity(context: Mapping[str, Any]) -> dict[str, Any]:
@@ -470,51 +316,28 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
     folder = request.run_folder(storage)
     plan = folder.read_plan()
     manifest = build_manifest(request, plan, folder.collect(source.uri for source in plan.sources))
-    counts = manifest.counts()
-    not_converted = sum(1 for doc in manifest.documents if doc.error_class == "not_converted")
-    rate = float(context["params"].get("max_document_error_rate", 0.05))
-    # The verdict travels in the manifest too, so readers (the OCR runs page) need no Airflow state.
-    problems = error_budget_problems(counts | {"not_converted": not_converted}, rate)
-    manifest.error_budget = {"max_document_error_rate": rate, "exceeded": bool(problems), "problems": problems}
+    # Judged once, here; the verdict travels in the manifest (and in this task's XCom for enforce).
+    verdict = manifest.judge_error_budget(float(context["params"].get("max_document_error_rate", 0.05)))
     uri = publish_manifest(manifest, storage)
     summary: dict[str, Any] = {
         "manifest": uri,
         "run_id": manifest.run_id,
         "output_uri": request.output_uri,
-        **counts,
-        "not_converted": not_converted,
+        **manifest.counts(),
+        "error_budget": verdict,
     }
     context["outlet_events"][OUTPUTS_ASSET].extra = summary
-    log.info("published %s: %s", uri, counts)
+    log.info("published %s: %s", uri, manifest.counts())
     return summary
-
-
-def error_budget_problems(summary: Mapping[str, Any], max_document_error_rate: float) -> list[str]:
-    """Why a published run must count as failed; empty when it is within its budget."""
-    problems = []
-    if summary.get("not_converted"):
-        problems.append(
-            f"{summary['not_converted']} documents were in convert tasks that failed "
-            "(see those task logs; the next run retries them)"
-        )
-    attempted = summary.get("converted", 0) + summary.get("failed", 0) + summary.get("skipped", 0)
-    failed = summary.get("failed", 0)
-    if attempted and failed / attempted > max_document_error_rate:
-        problems.append(
-            f"{failed} of {attempted} documents failed ({failed / attempted:.1%}), "
-            f"over the budget of {max_document_error_rate:.1%}"
-        )
-    return problems
 
 
 def enforce_error_budget_body(context: Mapping[str, Any]) -> None:
     summary = context["ti"].xcom_pull(task_ids="publish_manifest")
     if summary is None:
         raise AirflowFailException("no manifest was published for this run: see the failed task upstream")
-    rate = float(context["params"].get("max_document_error_rate", 0.05))
-    problems = error_budget_problems(summary, rate)
-    if problems:
-        raise AirflowFailException("; ".join(problems) + f" — manifest: {summary['manifest']}")
+    verdict = summary["error_budget"]
+    if verdict["exceeded"]:
+        raise AirflowFailException("; ".join(verdict["problems"]) + f" — manifest: {summary['manifest']}")
     log.info(
         "within budget: %d converted, %d failed, %d skipped (manifest %s)",
         summary["converted"],

@@ -1,0 +1,128 @@
+"""The trigger forms (Params) of the conversion DAGs, with their defaults from the environment.
+
+Defaults are read when the DAG file is parsed: ``OLMOCR_INPUT_URI`` and ``OLMOCR_OUTPUT_URI``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from airflow.sdk import Param
+
+# Which PDFs discovery considers (the ``scope`` Param).
+SCOPES = ("auto", "interval", "all")
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(name) or None
+
+
+def ingest_params() -> dict[str, Param]:
+    """The trigger form of the ingestion DAG."""
+    return {
+        "input_uri": Param(
+            _env("OLMOCR_INPUT_URI"),
+            type=["null", "string"],
+            title="Input",
+            description="Where the PDFs are: s3://bucket/prefix/ or a local folder (default: OLMOCR_INPUT_URI).",
+            section="Input and output",
+        ),
+        "output_uri": Param(
+            _env("OLMOCR_OUTPUT_URI"),
+            type=["null", "string"],
+            title="Output",
+            description="Where markdown, Dolma records and manifests go (default: OLMOCR_OUTPUT_URI).",
+            section="Input and output",
+        ),
+        "documents": Param(
+            None,
+            type=["null", "array"],
+            items={"type": "string"},
+            title="Documents",
+            description="Convert only these PDF URIs (one per line) instead of discovering the input.",
+            section="What to convert",
+        ),
+        "scope": Param(
+            "auto",
+            type="string",
+            enum=list(SCOPES),
+            values_display={
+                "auto": "auto: this interval for scheduled and backfill runs, everything otherwise",
+                "interval": "interval: PDFs last modified in this run's data interval",
+                "all": "all: every PDF not converted yet",
+            },
+            title="Scope",
+            description="Which PDFs discovery considers; ignored when Documents is given.",
+            section="What to convert",
+        ),
+        "reprocess": Param(
+            False,
+            type="boolean",
+            title="Reprocess",
+            description="Convert again even if a PDF was already converted with this model and prompt.",
+            section="What to convert",
+        ),
+        "max_documents": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            title="Max documents",
+            description="Convert at most this many PDFs in this run (empty: no limit).",
+            section="What to convert",
+        ),
+        **_shared_params(),
+    }
+
+
+def event_params() -> dict[str, Param]:
+    """The trigger form of the S3-event DAG: the events choose the documents."""
+    params = ingest_params()
+    params["input_uri"] = Param(
+        _env("OLMOCR_INPUT_URI"),
+        type=["null", "string"],
+        title="Input prefix",
+        description="Output names mirror keys relative to this prefix, as in the ingestion DAG.",
+        section="Input and output",
+    )
+    for name in ("documents", "scope", "max_documents"):
+        del params[name]
+    return params
+
+
+def _shared_params() -> dict[str, Param]:
+    return {
+        "max_page_error_rate": Param(
+            0.004,
+            type="number",
+            minimum=0,
+            maximum=1,
+            title="Max page error rate",
+            description="A document fails when more than this share of its pages could not be converted.",
+            section="Error budgets",
+        ),
+        "max_document_error_rate": Param(
+            0.05,
+            type="number",
+            minimum=0,
+            maximum=1,
+            title="Max document error rate",
+            description="The run fails (after publishing its manifest) when more documents than this share fail.",
+            section="Error budgets",
+        ),
+        "max_failed_attempts": Param(
+            3,
+            type="integer",
+            minimum=1,
+            title="Max failed attempts",
+            description="A PDF that failed in this many runs is listed as a dead letter instead of retried.",
+            section="Error budgets",
+        ),
+        "max_concurrent_requests": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            title="Max concurrent requests",
+            description="In-flight page requests per convert task (empty: the connection's setting).",
+            section="Server",
+        ),
+    }
