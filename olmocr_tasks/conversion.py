@@ -201,7 +201,6 @@ class ConversionEngine:
                 result = await self._convert_pages(source, local_path, entry, admission)
                 unfinished = 0
                 result.seconds = round(time.monotonic() - started, 3)
-                self._check_error_rate(result)
                 entry.outputs = await asyncio.to_thread(
                     write_document_outputs,
                     result,
@@ -292,16 +291,8 @@ class ConversionEngine:
             raise
         pages = [task.result() for task in tasks]
         result = DocumentResult(source=source.uri, size=entry.size or 0, sha256=entry.sha256 or "", pages=pages)
-        _account(entry, result)
+        entry.record_totals(result.totals)
         return result
-
-    def _check_error_rate(self, result: DocumentResult) -> None:
-        # olmOCR's guard, strict ">" so that e.g. 1 fallback in 250 pages is still accepted at 0.004.
-        if result.page_count and result.fallback_pages / result.page_count > self.settings.max_page_error_rate:
-            raise ErrorRateExceededError(
-                f"{result.fallback_pages} of {result.page_count} pages fell back to the text layer "
-                f"(limit {self.settings.max_page_error_rate:g})"
-            )
 
     async def _localise(self, source: SourceDocument) -> str:
         if not is_s3(source.uri):
@@ -367,22 +358,6 @@ class ConversionEngine:
             entry.failed_attempts = await asyncio.to_thread(
                 self._ledger.mark_failed, source.info, entry.error_class or "", entry.error or "", self._run_id
             )
-
-
-def _account(entry: DocumentEntry, result: DocumentResult) -> None:
-    entry.pages = result.page_count
-    entry.fallback_pages = result.fallback_pages
-    entry.input_tokens = result.input_tokens
-    entry.output_tokens = result.output_tokens
-    entry.attempts = result.attempts
-    entry.server_input_tokens = sum(page.server_input_tokens for page in result.pages)
-    entry.server_output_tokens = sum(page.server_output_tokens for page in result.pages)
-    entry.page_latencies_s = [round(page.latency_s, 4) for page in result.pages if not page.is_fallback]
-    histogram: dict[str, int] = {}
-    for page in result.pages:
-        key = str(page.accepted_attempt) if page.accepted_attempt is not None else "fallback"
-        histogram[key] = histogram.get(key, 0) + 1
-    entry.accepted_attempt_histogram = histogram
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:

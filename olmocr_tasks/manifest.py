@@ -10,9 +10,12 @@ import dataclasses
 import json
 import re
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
+
+from olmocr_tasks.results import DocumentTotals
 
 SCHEMA_VERSION = 1
 MANIFESTS_DIR = "manifests"
@@ -69,6 +72,18 @@ class DocumentEntry:
     # Airflow context of the task that converted it (dag/run/task/map index), when run by Airflow.
     task: dict[str, Any] | None = None
 
+    def record_totals(self, totals: DocumentTotals) -> None:
+        """Take a converted document's totals (the same object its Dolma record was written from)."""
+        self.pages = totals.pages
+        self.fallback_pages = totals.fallback_pages
+        self.input_tokens = totals.input_tokens
+        self.output_tokens = totals.output_tokens
+        self.attempts = totals.attempts
+        self.server_input_tokens = totals.server_input_tokens
+        self.server_output_tokens = totals.server_output_tokens
+        self.page_latencies_s = list(totals.page_latencies_s)
+        self.accepted_attempt_histogram = dict(totals.accepted_attempt_histogram)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -99,23 +114,10 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
 
     def counts(self) -> dict[str, int]:
-        by_status = {"converted": 0, "failed": 0, "skipped": 0}
-        for doc in self.documents:
-            by_status[doc.status] += 1
-        converted = [doc for doc in self.documents if doc.status == "converted"]
         return {
-            "documents": len(self.documents),
-            **by_status,
+            **count_entries(self.documents),
             "dead_letters": len(self.dead_letters),
             "already_converted": self.already_converted,
-            "pages": sum(doc.pages for doc in converted),
-            "fallback_pages": sum(doc.fallback_pages for doc in converted),
-            "input_tokens": sum(doc.input_tokens for doc in converted),
-            "output_tokens": sum(doc.output_tokens for doc in converted),
-            "server_input_tokens": sum(doc.server_input_tokens for doc in self.documents),
-            "server_output_tokens": sum(doc.server_output_tokens for doc in self.documents),
-            "attempts": sum(doc.attempts for doc in self.documents),
-            NOT_CONVERTED: sum(1 for doc in self.documents if doc.error_class == NOT_CONVERTED),
         }
 
     def judge_error_budget(self, max_document_error_rate: float) -> dict[str, Any]:
@@ -207,6 +209,31 @@ class Manifest:
             error_budget=data.get("error_budget"),
             schema_version=data.get("schema_version", SCHEMA_VERSION),
         )
+
+
+def count_entries(documents: Iterable[DocumentEntry]) -> dict[str, int]:
+    """The totals of a set of entries: a run's (``Manifest.counts``) or one batch's (its XCom summary).
+
+    Pages and accepted tokens count converted documents only (what the outputs hold); server tokens
+    and attempts count every document (what the server spent).
+    """
+    counts = dict.fromkeys(
+        ("documents", "converted", "failed", "skipped", "pages", "fallback_pages", "input_tokens", "output_tokens"), 0
+    )
+    counts |= dict.fromkeys(("server_input_tokens", "server_output_tokens", "attempts", NOT_CONVERTED), 0)
+    for doc in documents:
+        counts["documents"] += 1
+        counts[doc.status] += 1
+        if doc.status == "converted":
+            counts["pages"] += doc.pages
+            counts["fallback_pages"] += doc.fallback_pages
+            counts["input_tokens"] += doc.input_tokens
+            counts["output_tokens"] += doc.output_tokens
+        counts["server_input_tokens"] += doc.server_input_tokens
+        counts["server_output_tokens"] += doc.server_output_tokens
+        counts["attempts"] += doc.attempts
+        counts[NOT_CONVERTED] += doc.error_class == NOT_CONVERTED
+    return counts
 
 
 def error_budget_verdict(counts: dict[str, int], max_document_error_rate: float) -> dict[str, Any]:

@@ -89,6 +89,8 @@ def dolma_record(
     text = result.text
     today = date.today().isoformat()
     pages = result.pages
+    # The same totals the document's manifest entry records (computed once, in DocumentResult).
+    totals = result.totals
     fallback = [page for page in pages if page.is_fallback]
     return {
         # surrogatepass: a lone surrogate decoded from a model's JSON must not crash the hash.
@@ -100,10 +102,10 @@ def dolma_record(
         "metadata": {
             "Source-File": result.source,
             "olmocr-version": OLMOCR_COMPAT_VERSION,
-            "pdf-total-pages": result.page_count,
-            "total-input-tokens": result.input_tokens,
-            "total-output-tokens": result.output_tokens,
-            "total-fallback-pages": result.fallback_pages,
+            "pdf-total-pages": totals.pages,
+            "total-input-tokens": totals.input_tokens,
+            "total-output-tokens": totals.output_tokens,
+            "total-fallback-pages": totals.fallback_pages,
             "olmocr-airflow-version": package_version,
             "model": model,
             "prompt-version": prompt_version,
@@ -111,10 +113,10 @@ def dolma_record(
             "source-size": result.size,
             "fallback-page-numbers": [page.page_number for page in fallback],
             "fallback-reasons": [page.fallback_reason for page in fallback],
-            "total-attempts": result.attempts,
+            "total-attempts": totals.attempts,
             # Every answered attempt, retries included: what the server really spent.
-            "server-input-tokens": sum(page.server_input_tokens for page in pages),
-            "server-output-tokens": sum(page.server_output_tokens for page in pages),
+            "server-input-tokens": totals.server_input_tokens,
+            "server-output-tokens": totals.server_output_tokens,
             "conversion-seconds": round(result.seconds, 3),
         },
         "attributes": {

@@ -22,7 +22,7 @@ from olmocr_tasks.config import ConversionSettings
 from olmocr_tasks.conversion import ConversionEngine
 from olmocr_tasks.discovery import MissingSource, iter_pdfs, resolve_explicit
 from olmocr_tasks.ledger import Ledger, conversion_key
-from olmocr_tasks.manifest import DocumentEntry, Manifest, manifest_uri, utc_now
+from olmocr_tasks.manifest import DocumentEntry, Manifest, count_entries, manifest_uri, utc_now
 from olmocr_tasks.outputs import output_stem
 from olmocr_tasks.progress import ProgressReporter
 from olmocr_tasks.protocol import PROMPT_VERSION
@@ -200,17 +200,7 @@ def convert_batch(
         convert_sources(request, storage, sources, task_context=task_context, on_document=save_entry)
     )
     uri = folder.write_part(batch_key, entries)
-    return summarize(entries) | {"part": uri, "batch": batch_key}
-
-
-def summarize(entries: Iterable[DocumentEntry]) -> dict[str, int]:
-    counts = {"documents": 0, "converted": 0, "failed": 0, "skipped": 0, "pages": 0, "fallback_pages": 0}
-    for entry in entries:
-        counts["documents"] += 1
-        counts[entry.status] += 1
-        counts["pages"] += entry.pages
-        counts["fallback_pages"] += entry.fallback_pages
-    return counts
+    return count_entries(entries) | {"part": uri, "batch": batch_key}
 
 
 def build_manifest(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from olmocr_tasks.protocol import PageResponse
@@ -95,6 +97,42 @@ class PageResult:
         )
 
 
+@dataclass(frozen=True)
+class DocumentTotals:
+    """What a converted document adds up to: the one place its pages are summed."""
+
+    pages: int
+    fallback_pages: int
+    # Tokens of the accepted answers (what the outputs hold).
+    input_tokens: int
+    output_tokens: int
+    attempts: int
+    # Tokens of every answered attempt, retries included (what the server actually spent).
+    server_input_tokens: int
+    server_output_tokens: int
+    # Seconds of each non-fallback page's accepted attempt, and how many pages each attempt number won.
+    page_latencies_s: tuple[float, ...]
+    accepted_attempt_histogram: dict[str, int]
+
+    @classmethod
+    def of(cls, pages: Sequence[PageResult]) -> DocumentTotals:
+        histogram: dict[str, int] = {}
+        for page in pages:
+            key = str(page.accepted_attempt) if page.accepted_attempt is not None else "fallback"
+            histogram[key] = histogram.get(key, 0) + 1
+        return cls(
+            pages=len(pages),
+            fallback_pages=sum(1 for page in pages if page.is_fallback),
+            input_tokens=sum(page.input_tokens for page in pages),
+            output_tokens=sum(page.output_tokens for page in pages),
+            attempts=sum(page.attempts for page in pages),
+            server_input_tokens=sum(page.server_input_tokens for page in pages),
+            server_output_tokens=sum(page.server_output_tokens for page in pages),
+            page_latencies_s=tuple(round(page.latency_s, 4) for page in pages if not page.is_fallback),
+            accepted_attempt_histogram=histogram,
+        )
+
+
 @dataclass
 class DocumentResult:
     """A converted document: its pages in order plus identity of the source bytes."""
@@ -105,25 +143,30 @@ class DocumentResult:
     pages: list[PageResult] = field(default_factory=list)
     seconds: float = 0.0
 
+    @functools.cached_property
+    def totals(self) -> DocumentTotals:
+        """The document's sums, computed once; its manifest entry and its Dolma record both use them."""
+        return DocumentTotals.of(self.pages)
+
     @property
     def page_count(self) -> int:
-        return len(self.pages)
+        return self.totals.pages
 
     @property
     def fallback_pages(self) -> int:
-        return sum(1 for page in self.pages if page.is_fallback)
+        return self.totals.fallback_pages
 
     @property
     def input_tokens(self) -> int:
-        return sum(page.input_tokens for page in self.pages)
+        return self.totals.input_tokens
 
     @property
     def output_tokens(self) -> int:
-        return sum(page.output_tokens for page in self.pages)
+        return self.totals.output_tokens
 
     @property
     def attempts(self) -> int:
-        return sum(page.attempts for page in self.pages)
+        return self.totals.attempts
 
     @property
     def text(self) -> str:

@@ -115,3 +115,44 @@ def test_manifest_validates_against_the_published_schema() -> None:
     data["documents"][0]["status"] = "done"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, schema)
+
+
+def test_entry_and_dolma_record_share_one_set_of_totals() -> None:
+    from olmocr_tasks.outputs import dolma_record
+
+    retried = PageResult.from_response(
+        2,
+        PageResponse("en", True, 0, False, False, "two"),
+        input_tokens=120,
+        output_tokens=12,
+        attempts=3,
+        accepted_attempt=3,
+        latency_s=0.25,
+        server_input_tokens=360,
+        server_output_tokens=36,
+    )
+    result = DocumentResult("s3://b/x.pdf", 10, "ab" * 32, [_page(1, "one"), retried, _page(3, "x", fallback=True)])
+    entry = DocumentEntry(source=result.source, status="converted")
+    entry.record_totals(result.totals)
+    metadata = dolma_record(result, model="m", prompt_version="p", package_version="v")["metadata"]
+    assert (entry.pages, metadata["pdf-total-pages"]) == (3, 3)
+    assert entry.fallback_pages == metadata["total-fallback-pages"] == 1
+    assert entry.input_tokens == metadata["total-input-tokens"] == 220
+    assert entry.output_tokens == metadata["total-output-tokens"] == 22
+    assert entry.attempts == metadata["total-attempts"] == 12
+    assert entry.server_input_tokens == metadata["server-input-tokens"] == 460
+    assert entry.server_output_tokens == metadata["server-output-tokens"] == 46
+    assert entry.accepted_attempt_histogram == {"1": 1, "3": 1, "fallback": 1}
+    assert entry.page_latencies_s == [0.5, 0.25]
+
+
+def test_a_batch_summary_and_the_manifest_count_entries_the_same_way() -> None:
+    from olmocr_tasks.manifest import count_entries
+
+    manifest = _manifest(already_converted=2)
+    lost = DocumentEntry(source="s3://b/lost.pdf", status="failed", error_class="not_converted", pages=3)
+    manifest.documents.append(lost)
+    counts = manifest.counts()
+    assert {key: counts[key] for key in count_entries([])} == count_entries(manifest.documents)
+    # Pages of documents that did not convert are not in the outputs, so not in the totals.
+    assert counts["pages"] == 4 and counts["not_converted"] == 1 and counts["failed"] == 2
