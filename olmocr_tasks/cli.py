@@ -2,7 +2,8 @@
 
 Exit codes of ``convert``: 0 every document converted (or skipped as already converted), 1 some
 documents failed (the manifest says which and why), 2 usage error, 3 inference server unavailable,
-4 storage unavailable.
+4 storage unavailable. ``serve-cpu`` and ``serve-vllm`` serve until SIGTERM/SIGINT and exit 0, 2 on a
+usage error (Tesseract or vLLM missing, an unset ``--api-key-env``), 1 when they cannot serve.
 """
 
 from __future__ import annotations
@@ -10,16 +11,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 from olmocr_tasks import __version__
 from olmocr_tasks.config import DEFAULT_MODEL, ConversionSettings, DocumentLimits, PageSettings, ServerSettings
+from olmocr_tasks.cpu_engine import DEFAULT_OSD_MIN_CONFIDENCE, DEFAULT_PORT, CpuEngineHandle, create_cpu_engine
 from olmocr_tasks.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
 from olmocr_tasks.manifest import Manifest
 from olmocr_tasks.redaction import environment_secrets, install_log_redaction, redact_text
+from olmocr_tasks.vllm_launcher import VllmOptions, VllmSupervisor
 
 EXIT_OK, EXIT_FAILED_DOCUMENTS, EXIT_USAGE, EXIT_SERVER, EXIT_STORAGE = 0, 1, 2, 3, 4
 
@@ -119,11 +123,7 @@ def _convert(args: argparse.Namespace) -> int:
     from olmocr_tasks.pipeline import RunRequest, run_conversion
     from olmocr_tasks.storage import Storage
 
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise ConfigurationError(f"environment variable {args.api_key_env} is not set")
+    api_key = _api_key_from_env(args.api_key_env)
     servers = tuple(url.strip().rstrip("/") for value in args.server for url in value.split(",") if url.strip())
     settings = ConversionSettings(
         server=ServerSettings(
@@ -196,17 +196,162 @@ def _known_secrets(args: argparse.Namespace) -> list[str | None]:
     return secrets
 
 
+def _api_key_from_env(variable: str | None) -> str | None:
+    """The key held in ``$variable`` (``--api-key-env``); naming an unset or empty variable is a usage error."""
+    if not variable:
+        return None
+    value = os.environ.get(variable)
+    if not value:
+        raise ConfigurationError(f"--api-key-env {variable}: environment variable {variable} is not set")
+    return value
+
+
+def _serve_until_signalled(serve: Callable[[], int], request_stop: Callable[[int], None]) -> int:
+    """Run ``serve`` on this thread; SIGTERM and SIGINT call ``request_stop(signum)`` (vLLM's launcher
+    passes the signal on to vLLM), then ``serve``'s exit code is returned."""
+
+    def _stop(signum: int, frame: object) -> None:
+        request_stop(signum)
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return serve()
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _add_serve_cpu_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve-cpu",
+        help="serve olmOCR's protocol on the CPU with Tesseract (demo / no GPU; lower quality)",
+        description=(
+            "Run an OpenAI-compatible server that answers olmOCR page requests with Tesseract OCR. "
+            "Point the olmocr_vllm connection (or --server) at the printed URL."
+        ),
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks one)")
+    parser.add_argument(
+        "--served-model-name", default=DEFAULT_MODEL, help=f"model name to answer to (default {DEFAULT_MODEL})"
+    )
+    parser.add_argument(
+        "--api-key-env", metavar="VAR", help="require 'Authorization: Bearer <value of $VAR>' on /v1 routes"
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=_positive_int,
+        default=os.cpu_count() or 1,
+        help="Tesseract processes at once; further requests wait (default: CPU count)",
+    )
+    parser.add_argument(
+        "--tesseract", dest="tesseract_binary", default="tesseract", help="tesseract binary (default: on PATH)"
+    )
+    parser.add_argument("--lang", default="eng", help="Tesseract language(s), e.g. eng or eng+deu (default eng)")
+    parser.add_argument(
+        "--no-rotation",
+        dest="detect_rotation",
+        action="store_false",
+        help="skip orientation detection (report every page upright)",
+    )
+    parser.add_argument(
+        "--osd-min-confidence",
+        type=float,
+        default=DEFAULT_OSD_MIN_CONFIDENCE,
+        help="minimum Tesseract OSD confidence to report a page as rotated",
+    )
+    parser.add_argument(
+        "--page-timeout",
+        dest="page_timeout_s",
+        type=_positive_float,
+        default=120.0,
+        help="seconds before a Tesseract run is killed (default 120)",
+    )
+    parser.set_defaults(func=_serve_cpu)
+
+
+def _serve_cpu(args: argparse.Namespace) -> int:
+    api_key = _api_key_from_env(args.api_key_env)
+    try:
+        server = create_cpu_engine(
+            args.host,
+            args.port,
+            served_model_name=args.served_model_name,
+            api_key=api_key,
+            max_concurrency=args.max_concurrency,
+            tesseract_binary=args.tesseract_binary,
+            lang=args.lang,
+            detect_rotation=args.detect_rotation,
+            osd_min_confidence=args.osd_min_confidence,
+            page_timeout_s=args.page_timeout_s,
+        )
+    except OSError as exc:
+        print(f"olmocr-tasks: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    engine = CpuEngineHandle(server)
+    return _serve_until_signalled(engine.serve, engine.request_stop)
+
+
+def _add_serve_vllm_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve-vllm",
+        help="start and supervise vLLM serving olmOCR on this GPU host",
+        description=(
+            "Run 'vllm serve' with olmOCR's arguments, wait until it serves the model, print the Airflow "
+            "connection, restart it if it dies. Arguments after '--' go to vllm serve unchanged."
+        ),
+    )
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model id or path (default {DEFAULT_MODEL})")
+    parser.add_argument("--served-model-name", help="name clients use (default: --model)")
+    parser.add_argument("--host", default="127.0.0.1", help="address vLLM binds (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--max-model-len", type=int, default=16384, help="context length (default 16384)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="fraction of GPU memory (0.9)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--data-parallel-size", type=int, default=1)
+    parser.add_argument("--api-key-env", metavar="VAR", help="require the Bearer key held in $VAR (passed to vLLM)")
+    parser.add_argument("--vllm-binary", default="vllm", help="vllm command (default: vllm on PATH)")
+    parser.add_argument("--conn-id", default="olmocr_vllm", help="Airflow connection id to print (olmocr_vllm)")
+    parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for the model (1800)")
+    parser.add_argument("--max-restarts", type=int, default=5, help="restarts after crashes before giving up (5)")
+    parser.add_argument("vllm_args", nargs="*", metavar="-- VLLM_ARGS", help="extra arguments for vllm serve")
+    parser.set_defaults(func=_serve_vllm)
+
+
+def vllm_options_from_args(args: argparse.Namespace) -> VllmOptions:
+    """``serve-vllm``'s arguments as launcher options."""
+    return VllmOptions(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        host=args.host,
+        port=args.port,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        tensor_parallel_size=args.tensor_parallel_size,
+        data_parallel_size=args.data_parallel_size,
+        vllm_binary=args.vllm_binary,
+        extra_args=tuple(args.vllm_args),
+        api_key_env=args.api_key_env,
+        conn_id=args.conn_id,
+        ready_timeout_s=args.ready_timeout,
+        max_restarts=args.max_restarts,
+    )
+
+
+def _serve_vllm(args: argparse.Namespace) -> int:
+    # The supervisor reads --api-key-env itself: it hands the key to vLLM through the environment.
+    supervisor = VllmSupervisor(vllm_options_from_args(args))
+    return _serve_until_signalled(supervisor.run, supervisor.request_stop)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="olmocr-tasks", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_convert_parser(subparsers)
-    from olmocr_tasks.cpu_engine import add_serve_cpu_parser
-    from olmocr_tasks.vllm_launcher import add_serve_vllm_parser
-
-    add_serve_cpu_parser(subparsers)
-    add_serve_vllm_parser(subparsers)
+    _add_serve_cpu_parser(subparsers)
+    _add_serve_vllm_parser(subparsers)
     return parser
 
 

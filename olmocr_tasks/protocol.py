@@ -1,4 +1,5 @@
-"""olmOCR 0.4.27's page protocol: prompt, request body, response validation and front-matter parsing.
+"""olmOCR 0.4.27's page protocol: prompt, request body, response validation, and the front matter
+both read (from the model) and written (by the servers we run: the CPU engine, the test stand-in).
 
 This module is pure (no I/O) so the exact bytes we send and the exact acceptance rules can be tested
 in isolation. The behaviour follows olmOCR's published pipeline; the code is our own.
@@ -182,6 +183,27 @@ def parse_front_matter(content: str) -> PageResponse:
         is_table=flags["is_table"],
         is_diagram=flags["is_diagram"],
         natural_text=text or None,
+    )
+
+
+def format_front_matter(
+    *,
+    primary_language: str | None,
+    is_rotation_valid: bool,
+    rotation_correction: int,
+    is_table: bool = False,
+    is_diagram: bool = False,
+) -> str:
+    """The front matter an olmOCR model answers with: the five keys in training order, ``null`` for
+    no language, Python-style booleans. ``parse_front_matter`` reads it back."""
+    return (
+        "---\n"
+        f"primary_language: {primary_language if primary_language else 'null'}\n"
+        f"is_rotation_valid: {bool(is_rotation_valid)}\n"
+        f"rotation_correction: {int(rotation_correction)}\n"
+        f"is_table: {bool(is_table)}\n"
+        f"is_diagram: {bool(is_diagram)}\n"
+        "---\n"
     )
 
 

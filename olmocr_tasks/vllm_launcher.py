@@ -6,12 +6,11 @@ Airflow connection to configure, restarts the server a bounded number of times i
 forwards SIGTERM/SIGINT to it.
 
 The pieces are pure or injectable so they can be tested without a GPU: ``build_vllm_command``,
-``wait_until_ready`` and ``VllmSupervisor``.
+``wait_until_ready`` and ``VllmSupervisor``. The command line itself is in ``olmocr_tasks.cli``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import json
@@ -32,6 +31,7 @@ import httpx
 
 from olmocr_tasks.config import DEFAULT_MODEL
 from olmocr_tasks.errors import ConfigurationError
+from olmocr_tasks.readiness import ModelsProbe
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ INSTALL_HINT = "pip install 'olmocr-airflow[vllm]'"
 # One page image per prompt and no video, as olmOCR's pages need; vLLM wants this as JSON.
 LIMIT_MM_PER_PROMPT = json.dumps({"video": 0, "image": 1})
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+_PROBE_TIMEOUT_S = 5.0
 
 
 class VllmNotInstalledError(ConfigurationError):
@@ -183,41 +184,28 @@ def wait_until_ready(
     cannot fix a wrong name), ``ServerExitedError`` if ``is_alive`` turns false,
     ``StopRequestedError`` if ``should_stop`` turns true, ``ReadinessTimeoutError`` after the timeout.
     """
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    probe = ModelsProbe(url, model_name, api_key=api_key)
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=httpx.Timeout(5.0), headers=headers) as client:
+    with httpx.Client() as client:
         while True:
             if should_stop is not None and should_stop():
                 raise StopRequestedError("stop requested")
             if is_alive is not None and not is_alive():
                 raise ServerExitedError("vLLM exited before it became ready")
-            try:
-                response = client.get(url.rstrip("/") + "/models")
-            except httpx.HTTPError:
-                response = None
-            if response is not None:
-                if response.status_code in (401, 403):
-                    raise ReadinessError(f"vLLM rejected the API key (HTTP {response.status_code})")
-                if response.status_code == 200:
-                    served = _model_ids(response)
-                    if model_name in served:
-                        return
-                    if served:
-                        raise ServedModelMismatchError(
-                            f"vLLM at {url} serves {', '.join(sorted(served))}, not {model_name!r}; "
-                            "check --served-model-name and the model of the olmocr_vllm connection"
-                        )
+            result = probe.probe_sync(client, _PROBE_TIMEOUT_S)
+            if result.ready:
+                return
+            if result.reason == "auth":
+                raise ReadinessError(f"vLLM rejected the API key (HTTP {result.status})")
+            if result.reason == "model_missing" and result.models:
+                raise ServedModelMismatchError(
+                    f"vLLM at {url} serves {', '.join(sorted(result.models))}, not {model_name!r}; "
+                    "check --served-model-name and the model of the olmocr_vllm connection"
+                )
+            # Anything else (refused, 5xx, a 404 or an empty list from a server still loading) may pass.
             if time.monotonic() >= deadline:
                 raise ReadinessTimeoutError(f"vLLM did not list {model_name!r} at {url}/models within {timeout_s:g}s")
             sleep(interval_s)
-
-
-def _model_ids(response: httpx.Response) -> set[str]:
-    try:
-        data = response.json().get("data", [])
-        return {str(item["id"]) for item in data if isinstance(item, dict) and "id" in item}
-    except (ValueError, AttributeError, TypeError):
-        return set()
 
 
 def _child_setup() -> None:
@@ -365,74 +353,3 @@ class VllmSupervisor:
         if self._proc is not None:
             self._terminate(self._proc)
         return EXIT_OK
-
-
-# ---------------------------------------------------------------------------------------------------
-# CLI
-
-
-def add_serve_vllm_parser(subparsers: Any) -> None:
-    """Register ``serve-vllm`` on an ``argparse`` subparsers object; ``args.func(args)`` returns the exit code."""
-    parser = subparsers.add_parser(
-        "serve-vllm",
-        help="start and supervise vLLM serving olmOCR on this GPU host",
-        description=(
-            "Run 'vllm serve' with olmOCR's arguments, wait until it serves the model, print the Airflow "
-            "connection, restart it if it dies. Arguments after '--' go to vllm serve unchanged."
-        ),
-    )
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model id or path (default {DEFAULT_MODEL})")
-    parser.add_argument("--served-model-name", help="name clients use (default: --model)")
-    parser.add_argument("--host", default="127.0.0.1", help="address vLLM binds (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    parser.add_argument("--max-model-len", type=int, default=16384, help="context length (default 16384)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="fraction of GPU memory (0.9)")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1)
-    parser.add_argument("--data-parallel-size", type=int, default=1)
-    parser.add_argument("--api-key-env", metavar="VAR", help="require the Bearer key held in $VAR (passed to vLLM)")
-    parser.add_argument("--vllm-binary", default="vllm", help="vllm command (default: vllm on PATH)")
-    parser.add_argument("--conn-id", default="olmocr_vllm", help="Airflow connection id to print (olmocr_vllm)")
-    parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for the model (1800)")
-    parser.add_argument("--max-restarts", type=int, default=5, help="restarts after crashes before giving up (5)")
-    parser.add_argument("vllm_args", nargs="*", metavar="-- VLLM_ARGS", help="extra arguments for vllm serve")
-    parser.set_defaults(func=run_serve_vllm)
-
-
-def options_from_args(args: argparse.Namespace) -> VllmOptions:
-    return VllmOptions(
-        model=args.model,
-        served_model_name=args.served_model_name,
-        host=args.host,
-        port=args.port,
-        max_model_len=args.max_model_len,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        tensor_parallel_size=args.tensor_parallel_size,
-        data_parallel_size=args.data_parallel_size,
-        vllm_binary=args.vllm_binary,
-        extra_args=tuple(args.vllm_args),
-        api_key_env=args.api_key_env,
-        conn_id=args.conn_id,
-        ready_timeout_s=args.ready_timeout,
-        max_restarts=args.max_restarts,
-    )
-
-
-def run_serve_vllm(args: argparse.Namespace) -> int:
-    """Handler of ``serve-vllm``."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        supervisor = VllmSupervisor(options_from_args(args))
-    except ConfigurationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-
-    def _forward(signum: int, frame: object) -> None:
-        supervisor.request_stop(signum)
-
-    previous = {sig: signal.signal(sig, _forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return supervisor.run()
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)

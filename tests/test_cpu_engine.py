@@ -26,17 +26,12 @@ from PIL import Image
 from reportlab.lib.pagesizes import letter
 from reportlab.pdfgen import canvas
 
-from olmocr_tasks.backpressure import parse_vllm_queue
 from olmocr_tasks.config import DEFAULT_MODEL
-from olmocr_tasks.cpu_engine import (
-    PageOcr,
-    format_answer,
-    is_loopback_host,
-    parse_osd,
-    start_cpu_engine_in_thread,
-    tidy_text,
-)
+from olmocr_tasks.cpu_engine import is_loopback_host, start_cpu_engine_in_thread
+from olmocr_tasks.cpu_engine.chat import format_answer
+from olmocr_tasks.cpu_engine.tesseract import PageOcr, parse_osd, tidy_text
 from olmocr_tasks.protocol import RequestBodyBuilder, build_page_query, parse_completion, parse_front_matter
+from olmocr_tasks.vllm_metrics import parse_vllm_queue
 
 pytestmark = pytest.mark.skipif(shutil.which("tesseract") is None, reason="tesseract-ocr is not installed")
 

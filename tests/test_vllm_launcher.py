@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -19,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from olmocr_tasks.cli import build_parser
+from olmocr_tasks.cli import vllm_options_from_args as options_from_args
 from olmocr_tasks.config import DEFAULT_MODEL
 from olmocr_tasks.vllm_launcher import (
     LIMIT_MM_PER_PROMPT,
     VllmNotInstalledError,
     VllmOptions,
     VllmSupervisor,
-    add_serve_vllm_parser,
     build_vllm_command,
     connection_env_line,
-    options_from_args,
 )
 
 FAKE_VLLM = """\
@@ -142,9 +141,7 @@ def test_default_command_follows_olmocr():
 
 
 def test_parser_passes_options_and_extra_args_after_double_dash():
-    root = argparse.ArgumentParser()
-    add_serve_vllm_parser(root.add_subparsers(dest="command", required=True))
-    args = root.parse_args(
+    args = build_parser().parse_args(
         [
             "serve-vllm",
             "--model",
@@ -167,7 +164,7 @@ def test_parser_passes_options_and_extra_args_after_double_dash():
             "128",
         ]
     )
-    assert args.func.__name__ == "run_serve_vllm"
+    assert args.command == "serve-vllm"
     command = build_vllm_command(options_from_args(args))
     assert command[:3] == ["vllm", "serve", "/models/olmocr"]
     assert command[-3:] == ["--enforce-eager", "--max-num-seqs", "128"]

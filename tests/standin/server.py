@@ -39,6 +39,9 @@ from aiohttp import web
 from PIL import Image, UnidentifiedImageError
 
 from olmocr_tasks.config import DEFAULT_MODEL
+from olmocr_tasks.protocol import format_front_matter
+from olmocr_tasks.vllm_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from olmocr_tasks.vllm_metrics import ServerMetrics, render_vllm_metrics
 from tests.page_marker import Marker, read_marker
 
 log = logging.getLogger("tests.standin")
@@ -275,13 +278,6 @@ def _identify(b64: str) -> tuple[str, Marker | None, tuple[int, int]]:
     except (binascii.Error, ValueError, UnidentifiedImageError, OSError):
         raise _BadRequest(400, "image could not be decoded") from None
     return hashlib.sha1(png).hexdigest(), marker, image.size
-
-
-def _front_matter(language: str, rotation_valid: bool, rotation: int) -> str:
-    return (
-        f"---\nprimary_language: {language}\nis_rotation_valid: {rotation_valid}\n"
-        f"rotation_correction: {rotation}\nis_table: False\nis_diagram: False\n---\n"
-    )
 
 
 def _marker_dict(marker: Marker | None) -> dict[str, int] | None:
@@ -584,34 +580,15 @@ class VllmStandin:
         await self._wait_gate()
         if not self.config.metrics:
             raise web.HTTPNotFound()
-        escaped = self.config.model.replace("\\", "\\\\").replace('"', '\\"')
-        label = f'{{model_name="{escaped}"}}'
-        lines = [
-            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{label} {float(self._scheduler.running)}",
-            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
-            "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{label} {float(self._scheduler.waiting)}",
-            "# HELP vllm:request_success_total Count of successfully processed requests.",
-            "# TYPE vllm:request_success_total counter",
-        ]
-        model_label = label[1:-1]
-        reasons = self._finish_reasons or Counter({"stop": 0})
-        for reason, count in sorted(reasons.items()):
-            lines.append(f'vllm:request_success_total{{finished_reason="{reason}",{model_label}}} {float(count)}')
-        lines += [
-            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
-            "# TYPE vllm:prompt_tokens_total counter",
-            f"vllm:prompt_tokens_total{label} {float(self._prompt_tokens)}",
-            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
-            "# TYPE vllm:generation_tokens_total counter",
-            f"vllm:generation_tokens_total{label} {float(self._generation_tokens)}",
-        ]
-        return web.Response(
-            body=("\n".join(lines) + "\n").encode(),
-            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        state = ServerMetrics(
+            model=self.config.model,
+            running=self._scheduler.running,
+            waiting=self._scheduler.waiting,
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            success_by_reason=dict(self._finish_reasons),
         )
+        return web.Response(body=render_vllm_metrics(state).encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -803,9 +780,17 @@ class VllmStandin:
         if fault == "garbage":
             content = f"I am sorry, I cannot read {subject}."
         elif fault == "invalid_rotation":
-            content = _front_matter(config.primary_language, False, 45) + text
+            front = format_front_matter(
+                primary_language=config.primary_language, is_rotation_valid=False, rotation_correction=45
+            )
+            content = front + text
         else:
-            content = _front_matter(config.primary_language, rotation_valid, rotation) + text
+            front = format_front_matter(
+                primary_language=config.primary_language,
+                is_rotation_valid=rotation_valid,
+                rotation_correction=rotation,
+            )
+            content = front + text
         completion_tokens = max(1, len(content) // 4)
         if fault == "length":
             finish_reason, completion_tokens = "length", max_tokens
