@@ -6,8 +6,8 @@ reads vLLM's ``/metrics`` and runs an AIMD controller over its window: grow whil
 queue is short, shrink multiplicatively when it passes a high-water mark. Independent clients doing
 this converge on a short, non-empty queue, which keeps the GPU fed without piling up requests.
 
-This module is pure (no I/O): the client owns the polling and ``vllm_metrics`` the parsing; here are
-the controller and the resizable limiter it adjusts.
+Here are the controller and the resizable limiter it adjusts (both pure), and the poller that reads
+``/metrics`` and feeds the controller (``vllm_metrics`` parses the text).
 """
 
 from __future__ import annotations
@@ -15,10 +15,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+from urllib.parse import urlsplit, urlunsplit
 
-from olmocr_tasks.vllm_metrics import QueueSample
+import httpx
+
+from olmocr_tasks.vllm_metrics import MetricsFormatError, QueueSample, parse_vllm_queue
+
+log = logging.getLogger(__name__)
+
+_METRICS_TIMEOUT_S = 5.0
 
 
 def target_waiting(running: float) -> float:
@@ -149,3 +158,103 @@ class AdaptiveLimiter:
                 # Count the slot as taken now so a concurrent fast-path acquire cannot steal it.
                 self._in_use += 1
                 waiter.set_result(None)
+
+
+def metrics_url_for(base_url: str) -> str:
+    """vLLM serves ``/metrics`` at the root while the API lives under ``/v1``; keep any proxy prefix."""
+    parts = urlsplit(base_url.rstrip("/"))
+    path = parts.path
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return urlunsplit((parts.scheme, parts.netloc, path + "/metrics", "", ""))
+
+
+class MetricsSource(Protocol):
+    """A replica as the poller sees it: where its metrics are and the last sample read there."""
+
+    metrics_url: str
+    sample: QueueSample | None
+    metrics_absent: bool
+
+
+class InFlightWindow:
+    """The client's in-flight window: a limiter, sized by the AIMD controller while adaptive."""
+
+    def __init__(self, *, floor: int, ceiling: int, adaptive: bool) -> None:
+        self.controller = AimdController(floor=floor, ceiling=max(1, ceiling))
+        self.adaptive = adaptive
+        self.limiter = AdaptiveLimiter(self.controller.window if adaptive else self.controller.ceiling)
+
+    @property
+    def mode(self) -> str:
+        return "adaptive" if self.adaptive else "fixed"
+
+    def fold(self, samples: Sequence[QueueSample]) -> int:
+        """Resize the window from one round of samples; returns the new limit."""
+        demand = self.limiter.in_use + self.limiter.waiting
+        before = self.controller.window
+        window = self.controller.update(samples, demand)
+        if window != before:
+            log.debug("in-flight window %d -> %d (%s)", before, window, samples)
+            self.limiter.set_limit(window)
+        return self.limiter.limit
+
+    def use_fixed(self, why: str) -> None:
+        self.adaptive = False
+        self.limiter.set_limit(self.controller.ceiling)
+        log.info("%s; using a fixed window of %d requests", why, self.controller.ceiling)
+
+
+class MetricsPoller:
+    """Reads every replica's ``/metrics`` each ``interval_s`` and folds the queues into the window.
+
+    A server without vLLM's queue gauges turns the window fixed at its ceiling, once.
+    """
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        sources: Sequence[MetricsSource],
+        window: InFlightWindow,
+        *,
+        interval_s: float,
+        headers: dict[str, str],
+        keep_going: Callable[[], bool],
+    ) -> None:
+        self._http = http
+        self._sources = sources
+        self._window = window
+        self._interval_s = interval_s
+        self._headers = headers
+        self._keep_going = keep_going
+
+    async def run(self) -> None:
+        while self._keep_going():
+            results = await asyncio.gather(*(self.fetch(source) for source in self._sources))
+            if all(source.metrics_absent for source in self._sources):
+                self._window.use_fixed("the inference server exposes no vLLM queue metrics")
+                return
+            self._window.fold([sample for sample in results if sample is not None])
+            await asyncio.sleep(self._interval_s)
+
+    async def fetch(self, source: MetricsSource) -> QueueSample | None:
+        try:
+            response = await self._http.get(
+                source.metrics_url, headers=self._headers, timeout=httpx.Timeout(_METRICS_TIMEOUT_S, pool=None)
+            )
+        except (httpx.HTTPError, OSError):
+            # The replica may be restarting; the request path deals with that, the window holds.
+            return None
+        if response.status_code in (404, 405, 501):
+            source.metrics_absent = True
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            sample = parse_vllm_queue(response.text)
+        except MetricsFormatError:
+            source.metrics_absent = True
+            return None
+        source.metrics_absent = False
+        source.sample = sample
+        return sample

@@ -5,15 +5,17 @@ What it adds over a bare HTTP client, each in answer to a failure seen with olmO
 * explicit connect/read/write timeouts (olmOCR had none, so one stalled request hung a work item);
 * retries of transport errors, timeouts, 429 and 5xx with jittered exponential backoff honouring
   ``Retry-After``, bounded per call, expressed with tenacity;
-* an outage circuit breaker: when no request succeeds for ``outage_window_s`` while requests keep
-  failing, every pending and future call raises ``ServerUnavailable`` so the task aborts and Airflow
-  retries it later. An outage is never turned into failed page attempts (olmOCR either waited ~2.8 h
-  per page or killed the process);
+* an outage circuit breaker (``outage``): when no request succeeds for ``outage_window_s`` while
+  requests keep failing, every pending and future call raises ``ServerUnavailable`` so the task aborts
+  and Airflow retries it later. An outage is never turned into failed page attempts (olmOCR either
+  waited ~2.8 h per page or killed the process);
 * least-outstanding-requests balancing over replicas, with a cool-off for replicas that stop
-  answering;
-* an in-flight window sized from vLLM's ``/metrics`` (see ``backpressure``), so several runs sharing a
-  server keep its queue short instead of overflowing it (olmOCR issue #317).
+  answering (``replicas``);
+* an in-flight window sized from vLLM's ``/metrics`` (``backpressure``), so several runs sharing a
+  server keep its queue short instead of overflowing it (olmOCR issue #317);
+* a readiness check of every replica (``readiness``).
 
+This module keeps the HTTP exchange and the retry policy; each other policy lives in its own module.
 The API key only ever travels in the ``Authorization`` header; exception texts and stats are redacted.
 """
 
@@ -27,67 +29,44 @@ import json
 import logging
 import math
 import random
-import ssl
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay, wait_fixed
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from olmocr_tasks.backpressure import AdaptiveLimiter, AimdController
+from olmocr_tasks.backpressure import InFlightWindow, MetricsPoller, metrics_url_for
 from olmocr_tasks.config import ServerSettings
 from olmocr_tasks.errors import (
+    AttemptFailed,
     ConfigurationError,
-    OlmocrTasksError,
     ServerMisconfigured,
     ServerNotReady,
     ServerUnavailable,
 )
+from olmocr_tasks.outage import OutageBreaker
+from olmocr_tasks.readiness import ModelsProbe, wait_ready
 from olmocr_tasks.redaction import redact_text, redact_url
-from olmocr_tasks.vllm_metrics import MetricsFormatError, QueueSample, parse_vllm_queue
+from olmocr_tasks.replicas import COOLOFF_INITIAL_S, Replica, ReplicaSet, ReplicaStats
 
 log = logging.getLogger(__name__)
 
-# A replica that stops accepting connections is skipped for this long (doubling per repeat) while
-# its requests go to the others; long enough to stop paying connect errors, short enough to notice
-# a restarted replica within a page or two.
-COOLOFF_INITIAL_S = 5.0
-COOLOFF_MAX_S = 30.0
 # Connections beyond the request window: readiness and /metrics polls must never queue behind pages.
 _CONNECTION_HEADROOM = 4
 # uvicorn (vLLM's HTTP server) closes idle keep-alive connections after 5 s; expiring ours sooner
 # avoids reusing a connection the server is closing, which fails the request mid-flight.
 _KEEPALIVE_EXPIRY_S = 3.0
 _ERROR_SNIPPET_CHARS = 300
-_METRICS_TIMEOUT_S = 5.0
 
 _slot_owner: contextvars.ContextVar[object | None] = contextvars.ContextVar("olmocr_slot_owner", default=None)
 
-
-class AttemptFailed(OlmocrTasksError):
-    """One failed page attempt: the page logic moves on to its next attempt (or the fallback page)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class ReplicaStats:
-    url: str
-    requests: int
-    successes: int
-    failures: int
-    outstanding: int
-    cooling_off: bool
-    running: float | None
-    waiting: float | None
+Sleep = Callable[[float], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -108,47 +87,12 @@ class ClientStats:
 class _Retryable(Exception):
     """An attempt failed in a way another attempt may fix (server side or network)."""
 
-    def __init__(self, kind: str, message: str, replica: _Replica, retry_after: float | None = None) -> None:
+    def __init__(self, kind: str, message: str, replica: Replica, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.replica = replica
         self.retry_after = retry_after
-
-
-class _NotReadyYet(Exception):
-    """Readiness probe failed in a way that may resolve itself (server still starting)."""
-
-
-class _Replica:
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.display = redact_url(self.base_url)
-        self.completions_url = self.base_url + "/chat/completions"
-        self.models_url = self.base_url + "/models"
-        self.metrics_url = metrics_url_for(self.base_url)
-        self.outstanding = 0
-        self.requests = 0
-        self.successes = 0
-        self.failures = 0
-        self.consecutive_failures = 0
-        self.cooloffs = 0
-        self.cool_until = -math.inf
-        self.picks = 0
-        self.sample: QueueSample | None = None
-        self.metrics_absent = False
-
-    def cooling(self, now: float) -> bool:
-        return self.cool_until > now
-
-
-def metrics_url_for(base_url: str) -> str:
-    """vLLM serves ``/metrics`` at the root while the API lives under ``/v1``; keep any proxy prefix."""
-    parts = urlsplit(base_url.rstrip("/"))
-    path = parts.path
-    if path.endswith("/v1"):
-        path = path[: -len("/v1")]
-    return urlunsplit((parts.scheme, parts.netloc, path + "/metrics", "", ""))
 
 
 class _CallState:
@@ -159,117 +103,8 @@ class _CallState:
     def __init__(self, started: float) -> None:
         self.started = started
         self.last_attempt_started = started
-        self.failed_replicas: set[_Replica] = set()
+        self.failed_replicas: set[Replica] = set()
         self.backoff_rounds = 0
-
-
-class _OutageBreaker:
-    """Decides when failures amount to an outage.
-
-    The outage clock starts at the first failure after the last success (at the start of that failed
-    attempt, so a request that hung for its whole read timeout counts the time it hung). It runs only
-    while some call keeps retrying: if every failing call ends without anyone succeeding (for instance
-    cancelled), there is no more evidence and the clock stops. Any success stops it too.
-    """
-
-    def __init__(self, window_s: float, clock: Callable[[], float]) -> None:
-        self.window_s = window_s
-        self._clock = clock
-        self.last_success_at: float | None = None
-        self.failing_since: float | None = None
-        self.last_error: str = ""
-        self.open_message: str | None = None
-        self._failing_calls: set[_CallState] = set()
-        self._opened: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._warned = False
-        # Transient 5xx happen; only a failing streak this old is worth a warning.
-        self._warn_after_s = min(5.0, window_s / 10)
-
-    @property
-    def is_open(self) -> bool:
-        return self.open_message is not None
-
-    def opened(self) -> asyncio.Future[None]:
-        if self._opened is None:
-            self._opened = asyncio.get_running_loop().create_future()
-            if self.is_open:
-                self._opened.set_result(None)
-        return self._opened
-
-    def healthy_since(self, moment: float) -> bool:
-        """Did some request succeed at or after ``moment``?"""
-        return self.last_success_at is not None and self.last_success_at >= moment
-
-    def success(self, now: float) -> None:
-        self.last_success_at = now
-        if self.failing_since is not None:
-            if self._warned:
-                log.warning(
-                    "inference server recovered: requests succeed again after %.1f s of failures",
-                    now - self.failing_since,
-                )
-            self._stop_clock()
-        self._failing_calls.clear()
-
-    def failure(self, call: _CallState, started: float, now: float, error: str) -> None:
-        if self.is_open:
-            return
-        self.last_error = error
-        self._failing_calls.add(call)
-        if self.failing_since is None:
-            since = started
-            if self.last_success_at is not None:
-                since = max(since, self.last_success_at)
-            self.failing_since = since
-        self._evaluate()
-
-    def call_finished(self, call: _CallState) -> None:
-        self._failing_calls.discard(call)
-        if not self._failing_calls and self.failing_since is not None and not self.is_open:
-            self._stop_clock()
-
-    def _stop_clock(self) -> None:
-        self.failing_since = None
-        self._warned = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _evaluate(self) -> None:
-        if self.failing_since is None or self.is_open:
-            return
-        elapsed = self._clock() - self.failing_since
-        if not self._warned and elapsed >= self._warn_after_s:
-            self._warned = True
-            log.warning(
-                "inference server failing for %.1f s (last error: %s); aborting if nothing succeeds "
-                "within the %.0f s outage window",
-                elapsed,
-                self.last_error,
-                self.window_s,
-            )
-        if elapsed >= self.window_s:
-            self._open(elapsed)
-            return
-        # Backoff sleeps and hung requests produce no events: a timer makes the decision on time.
-        next_check = self.window_s if self._warned else min(self._warn_after_s, self.window_s)
-        if self._timer is not None:
-            self._timer.cancel()
-        with contextlib.suppress(RuntimeError):
-            self._timer = asyncio.get_running_loop().call_later(max(0.0, next_check - elapsed) + 0.001, self._evaluate)
-
-    def _open(self, elapsed: float) -> None:
-        self.open_message = (
-            f"inference server unavailable: no request succeeded for {elapsed:.1f} s "
-            f"(outage window {self.window_s:g} s); last error: {self.last_error}"
-        )
-        log.error("%s; aborting pending requests", self.open_message)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._opened is not None and not self._opened.done():
-            self._opened.set_result(None)
 
 
 class _QuietRequestLines(logging.Filter):
@@ -296,9 +131,18 @@ class InferenceClient:
     Use as ``async with InferenceClient(settings) as client``; page workers take ``client.slot()``
     before rendering a page and call ``complete()`` inside it, so rendering is bounded by the same
     window as requests and memory stays flat.
+
+    ``clock`` is what budgets and the outage window are measured with and ``sleep`` what retry
+    backoffs wait with; tests inject their own to observe them.
     """
 
-    def __init__(self, settings: ServerSettings, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
         if not settings.base_urls:
             raise ConfigurationError("ServerSettings.base_urls is empty")
         for url in settings.base_urls:
@@ -307,10 +151,18 @@ class InferenceClient:
                 raise ConfigurationError(f"inference server URL must be http(s)://host[:port]/path: {redact_url(url)}")
         self._settings = settings
         self._clock = clock
-        self._replicas = [_Replica(url) for url in settings.base_urls]
+        self._sleep = sleep
         self._secrets: list[str | None] = [settings.api_key]
         for url in settings.base_urls:
             self._secrets.append(urlsplit(url).password)
+        self._replicas = ReplicaSet(
+            Replica(
+                url,
+                ModelsProbe(url, settings.model, api_key=settings.api_key, secrets=self._secrets),
+                metrics_url_for(url),
+            )
+            for url in settings.base_urls
+        )
         headers = {"Content-Type": "application/json"}
         if settings.api_key:
             headers["Authorization"] = f"Bearer {settings.api_key}"
@@ -335,11 +187,15 @@ class InferenceClient:
             follow_redirects=False,
         )
         _install_httpx_filter()
-        ceiling = max(1, settings.max_concurrent_requests)
-        self._controller = AimdController(floor=settings.min_concurrent_requests, ceiling=ceiling)
-        self._adaptive = settings.adaptive_concurrency
-        self._limiter = AdaptiveLimiter(self._controller.window if self._adaptive else ceiling)
-        self._breaker = _OutageBreaker(settings.outage_window_s, clock)
+        self._window = InFlightWindow(
+            floor=settings.min_concurrent_requests,
+            ceiling=settings.max_concurrent_requests,
+            adaptive=settings.adaptive_concurrency,
+        )
+        self._limiter = self._window.limiter
+        self._breaker = OutageBreaker(settings.outage_window_s, clock)
+        self._opened: asyncio.Future[None] | None = None
+        self._outage_timer: asyncio.TimerHandle | None = None
         self._poller: asyncio.Task[None] | None = None
         self._closed = False
         self._requests = 0
@@ -362,6 +218,9 @@ class InferenceClient:
 
     async def aclose(self) -> None:
         self._closed = True
+        if self._outage_timer is not None:
+            self._outage_timer.cancel()
+            self._outage_timer = None
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -372,9 +231,23 @@ class InferenceClient:
     def _ensure_started(self) -> None:
         if self._closed:
             raise RuntimeError("InferenceClient is closed")
-        if self._adaptive and self._poller is None:
-            self._poller = asyncio.get_running_loop().create_task(self._poll_metrics(), name="olmocr-metrics-poller")
+        if self._window.adaptive and self._poller is None:
+            poller = MetricsPoller(
+                self._http,
+                list(self._replicas),
+                self._window,
+                interval_s=self._settings.metrics_poll_interval_s,
+                headers=self._headers_without_body(),
+                keep_going=lambda: not self._breaker.is_open,
+            )
+            self._poller = asyncio.get_running_loop().create_task(poller.run(), name="olmocr-metrics-poller")
             self._poller.add_done_callback(self._poller_done)
+
+    def _poller_done(self, task: asyncio.Task[None]) -> None:
+        # A bug in the poller must not freeze the window at whatever size it had.
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("adaptive concurrency stopped: %s", self._describe_exception(task.exception()))
+            self._window.use_fixed("adaptive concurrency failed")
 
     # -- readiness -------------------------------------------------------------------------------
 
@@ -385,7 +258,8 @@ class InferenceClient:
         still unreachable at ``readiness_timeout_s`` fails the check only if no replica is ready;
         otherwise it starts in cool-off and is retried later like any failing replica.
         """
-        tasks = {asyncio.ensure_future(self._wait_ready(replica)): replica for replica in self._replicas}
+        replicas = list(self._replicas)
+        tasks = {asyncio.ensure_future(self._wait_ready(replica)): replica for replica in replicas}
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
@@ -399,75 +273,41 @@ class InferenceClient:
         outcomes = {replica: task.result() for task, replica in tasks.items()}
         unreachable = {r: o for r, o in outcomes.items() if isinstance(o, str)}
         models: list[str] = []
-        for replica in self._replicas:
+        for replica in replicas:
             listed = outcomes.get(replica)
             if isinstance(listed, list):
                 models.extend(m for m in listed if m not in models)
-        if len(unreachable) == len(self._replicas):
+        if len(unreachable) == len(replicas):
             raise ServerNotReady("; ".join(unreachable.values()))
         now = self._clock()
         for replica, message in unreachable.items():
             log.warning("replica not ready, continuing with the others: %s", message)
-            replica.cool_until = now + COOLOFF_INITIAL_S
+            replica.cool_off(now, COOLOFF_INITIAL_S)
         return models
 
-    async def _wait_ready(self, replica: _Replica) -> list[str] | str:
+    async def _wait_ready(self, replica: Replica) -> list[str] | str:
         timeout = self._settings.readiness_timeout_s
-        retrying = AsyncRetrying(
-            stop=stop_after_delay(timeout),
-            wait=wait_fixed(min(1.0, max(0.05, timeout / 20))),
-            retry=retry_if_exception_type(_NotReadyYet),
-            reraise=True,
+        result = await wait_ready(
+            replica.probe,
+            self._http,
+            timeout_s=timeout,
+            interval_s=min(1.0, max(0.05, timeout / 20)),
+            request_timeout=self._probe_timeout(),
         )
-        try:
-            return await retrying(self._probe_models, replica)
-        except _NotReadyYet as exc:
-            return f"{replica.display}: not ready after {timeout:g} s: {exc}"
+        if result.state == "misconfigured":
+            raise ServerMisconfigured(result.detail)
+        if result.state == "ready":
+            return list(result.models)
+        return f"{replica.display}: not ready after {timeout:g} s: {result.detail}"
 
-    async def _probe_models(self, replica: _Replica) -> list[str]:
+    def _probe_timeout(self) -> httpx.Timeout:
         settings = self._settings
-        try:
-            response = await self._http.get(
-                replica.models_url,
-                headers=self._headers_without_body(),
-                timeout=httpx.Timeout(
-                    connect=settings.connect_timeout_s,
-                    read=min(settings.read_timeout_s, 30.0),
-                    write=settings.write_timeout_s,
-                    pool=None,
-                ),
-            )
-        except (httpx.HTTPError, OSError) as exc:
-            if _certificate_rejected(exc):
-                # Waiting will not make an untrusted certificate trusted: say so now, and what to do.
-                raise ServerMisconfigured(
-                    f"{replica.display}: TLS certificate verification failed ({self._describe_exception(exc)}); "
-                    "trust the server's CA (e.g. SSL_CERT_FILE) or, on a trusted network only, turn "
-                    "verification off (--insecure, or verify_tls false in the connection)"
-                ) from None
-            raise _NotReadyYet(self._describe_exception(exc)) from None
-        url = redact_url(replica.models_url)
-        status = response.status_code
-        if status in (401, 403):
-            raise ServerMisconfigured(
-                f"{url} answered HTTP {status}: the API key is missing or wrong "
-                f"({'a key is' if settings.api_key else 'no key is'} configured)"
-            )
-        if status == 404:
-            raise ServerMisconfigured(
-                f"{url} answered HTTP 404: is the base URL the OpenAI API root (usually ending in /v1)?"
-            )
-        if status != 200:
-            raise _NotReadyYet(f"HTTP {status}")
-        try:
-            payload = response.json()
-            listed = [str(entry["id"]) for entry in payload["data"] if isinstance(entry, dict)]
-        except (ValueError, KeyError, TypeError):
-            raise ServerMisconfigured(f"{url} answered HTTP 200 but not an OpenAI model list") from None
-        if settings.model not in listed:
-            served = ", ".join(listed) if listed else "no model"
-            raise ServerMisconfigured(f"{replica.display} serves {served}; configured model is {settings.model}")
-        return listed
+        return httpx.Timeout(
+            connect=settings.connect_timeout_s,
+            read=min(settings.read_timeout_s, 30.0),
+            write=settings.write_timeout_s,
+            pool=None,
+        )
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -513,7 +353,7 @@ class InferenceClient:
         # a hung request at once instead of letting every caller wait out its budget.
         work = asyncio.ensure_future(self._complete_with_retries(body))
         try:
-            await asyncio.wait({work, self._breaker.opened()}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({work, self._outage_opened()}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             work.cancel()
             work.add_done_callback(_consume_outcome)
@@ -532,6 +372,7 @@ class InferenceClient:
             wait=lambda state: self._backoff(state, call),
             retry=retry_if_exception_type(_Retryable),
             before_sleep=self._count_retry,
+            sleep=self._sleep,
             reraise=True,
         )
         try:
@@ -545,6 +386,7 @@ class InferenceClient:
             ) from None
         finally:
             self._breaker.call_finished(call)
+            self._watch_outage()
 
     def _should_stop(self, state: RetryCallState, call: _CallState) -> bool:
         if self._breaker.is_open:
@@ -558,43 +400,21 @@ class InferenceClient:
 
     def _backoff(self, state: RetryCallState, call: _CallState) -> float:
         exc = state.outcome.exception() if state.outcome is not None else None
-        if self._pick_candidates(call.failed_replicas, self._clock(), strict=True):
+        if self._replicas.candidates(call.failed_replicas, self._clock(), strict=True):
             # Another replica has not failed this call yet: try it now, the failure was local.
             return 0.0
         call.failed_replicas.clear()
         call.backoff_rounds += 1
-        settings = self._settings
-        ceiling = min(settings.backoff_max_s, settings.backoff_initial_s * 2 ** min(call.backoff_rounds - 1, 32))
-        delay = ceiling / 2 + random.uniform(0, ceiling / 2)
-        if isinstance(exc, _Retryable) and exc.retry_after is not None:
-            delay = max(delay, min(exc.retry_after, settings.backoff_max_s))
-        return delay
+        retry_after = exc.retry_after if isinstance(exc, _Retryable) else None
+        return backoff_delay(self._settings, call.backoff_rounds, retry_after)
 
     def _count_retry(self, state: RetryCallState) -> None:
         self._retries += 1
         exc = state.outcome.exception() if state.outcome is not None else None
         log.debug("retrying in %.2f s after %s", state.upcoming_sleep, exc)
 
-    def _pick_candidates(self, avoid: set[_Replica], now: float, *, strict: bool = False) -> list[_Replica]:
-        ready = [r for r in self._replicas if not r.cooling(now)]
-        fresh = [r for r in ready if r not in avoid]
-        if strict:
-            return fresh
-        if fresh:
-            return fresh
-        if ready:
-            return ready
-        # Every replica is cooling off: keep probing the one that comes back first.
-        return [min(self._replicas, key=lambda r: r.cool_until)]
-
-    def _pick_replica(self, avoid: set[_Replica]) -> _Replica:
-        candidates = self._pick_candidates(avoid, self._clock())
-        chosen = min(candidates, key=lambda r: (r.outstanding, r.consecutive_failures, r.picks))
-        chosen.picks += 1
-        return chosen
-
     async def _attempt(self, body: bytes, call: _CallState) -> dict[str, Any]:
-        replica = self._pick_replica(call.failed_replicas)
+        replica = self._replicas.pick(call.failed_replicas, self._clock())
         started = self._clock()
         call.last_attempt_started = started
         replica.outstanding += 1
@@ -620,7 +440,7 @@ class InferenceClient:
         return self._handle_response(call, replica, started, response)
 
     def _handle_response(
-        self, call: _CallState, replica: _Replica, started: float, response: httpx.Response
+        self, call: _CallState, replica: Replica, started: float, response: httpx.Response
     ) -> dict[str, Any]:
         status = response.status_code
         if status == 429 or status >= 500:
@@ -629,12 +449,10 @@ class InferenceClient:
             failure = _Retryable(kind, message, replica, _retry_after(response))
             self._record_failure(call, replica, started, failure)
             raise failure
-        now = self._clock()
         # Whatever else it answered, the server is up: that is progress as far as outages go.
-        self._breaker.success(now)
-        replica.consecutive_failures = 0
-        replica.cooloffs = 0
-        replica.cool_until = -math.inf
+        self._breaker.success(self._clock())
+        self._watch_outage()
+        replica.answered()
         if status in (401, 403):
             self._outcomes["auth"] += 1
             raise ServerMisconfigured(
@@ -655,25 +473,49 @@ class InferenceClient:
         self._outcomes["ok"] += 1
         return payload
 
-    def _failed(self, call: _CallState, replica: _Replica, started: float, kind: str, exc: BaseException) -> _Retryable:
+    def _failed(self, call: _CallState, replica: Replica, started: float, kind: str, exc: BaseException) -> _Retryable:
         failure = _Retryable(kind, f"{self._describe_exception(exc)} ({replica.display})", replica)
         self._record_failure(call, replica, started, failure)
         return failure
 
-    def _record_failure(self, call: _CallState, replica: _Replica, started: float, failure: _Retryable) -> None:
-        now = self._clock()
+    def _record_failure(self, call: _CallState, replica: Replica, started: float, failure: _Retryable) -> None:
         self._outcomes[failure.kind] += 1
-        replica.failures += 1
-        replica.consecutive_failures += 1
+        replica.failed(failure.kind, self._clock())
         call.failed_replicas.add(replica)
-        # A refused connection proves the replica is down; one dropped or slow request does not
-        # (a keep-alive race, one poison page), so those need a repeat before the replica is benched.
-        network = failure.kind in ("connect", "timeout", "transport")
-        if network and (failure.kind == "connect" or replica.consecutive_failures >= 2):
-            replica.cool_until = now + min(COOLOFF_MAX_S, COOLOFF_INITIAL_S * 2**replica.cooloffs)
-            replica.cooloffs += 1
-        self._breaker.failure(call, started, now, failure.message)
+        self._breaker.failure(call, started, failure.message)
+        self._watch_outage()
         log.debug("request to %s failed: %s", replica.display, failure.message)
+
+    # -- outage ----------------------------------------------------------------------------------
+
+    def _outage_opened(self) -> asyncio.Future[None]:
+        if self._opened is None:
+            self._opened = asyncio.get_running_loop().create_future()
+            if self._breaker.is_open:
+                self._opened.set_result(None)
+        return self._opened
+
+    def _watch_outage(self) -> None:
+        """Keep a timer on the breaker's next decision: hung requests and sleeps produce no events."""
+        if self._outage_timer is not None:
+            self._outage_timer.cancel()
+            self._outage_timer = None
+        if self._breaker.is_open:
+            if self._opened is not None and not self._opened.done():
+                self._opened.set_result(None)
+            return
+        delay = self._breaker.next_check_in()
+        if delay is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            self._outage_timer = asyncio.get_running_loop().call_later(delay + 0.001, self._outage_due)
+
+    def _outage_due(self) -> None:
+        self._outage_timer = None
+        self._breaker.check()
+        self._watch_outage()
+
+    # -- helpers ---------------------------------------------------------------------------------
 
     def _describe_exception(self, exc: BaseException) -> str:
         text = str(exc) or repr(exc)
@@ -688,86 +530,30 @@ class InferenceClient:
     def _headers_without_body(self) -> dict[str, str]:
         return {key: value for key, value in self._headers.items() if key != "Content-Type"}
 
-    # -- adaptive window -------------------------------------------------------------------------
-
-    async def _poll_metrics(self) -> None:
-        interval = self._settings.metrics_poll_interval_s
-        while not self._breaker.is_open:
-            results = await asyncio.gather(*(self._fetch_metrics(replica) for replica in self._replicas))
-            if all(replica.metrics_absent for replica in self._replicas):
-                self._use_fixed_window("the inference server exposes no vLLM queue metrics")
-                return
-            samples = [sample for sample in results if sample is not None]
-            demand = self._limiter.in_use + self._limiter.waiting
-            before = self._controller.window
-            window = self._controller.update(samples, demand)
-            if window != before:
-                log.debug("in-flight window %d -> %d (%s)", before, window, samples)
-                self._limiter.set_limit(window)
-            await asyncio.sleep(interval)
-
-    def _use_fixed_window(self, why: str) -> None:
-        self._adaptive = False
-        self._limiter.set_limit(self._controller.ceiling)
-        log.info("%s; using a fixed window of %d requests", why, self._controller.ceiling)
-
-    def _poller_done(self, task: asyncio.Task[None]) -> None:
-        # A bug in the poller must not freeze the window at whatever size it had.
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("adaptive concurrency stopped: %s", self._describe_exception(task.exception()))
-            self._use_fixed_window("adaptive concurrency failed")
-
-    async def _fetch_metrics(self, replica: _Replica) -> QueueSample | None:
-        try:
-            response = await self._http.get(
-                replica.metrics_url,
-                headers=self._headers_without_body(),
-                timeout=httpx.Timeout(_METRICS_TIMEOUT_S, pool=None),
-            )
-        except (httpx.HTTPError, OSError):
-            # The replica may be restarting; the request path deals with that, the window holds.
-            return None
-        if response.status_code in (404, 405, 501):
-            replica.metrics_absent = True
-            return None
-        if response.status_code != 200:
-            return None
-        try:
-            sample = parse_vllm_queue(response.text)
-        except MetricsFormatError:
-            replica.metrics_absent = True
-            return None
-        replica.metrics_absent = False
-        replica.sample = sample
-        return sample
-
     # -- stats -----------------------------------------------------------------------------------
 
     def stats(self) -> ClientStats:
-        now = self._clock()
         return ClientStats(
             requests=self._requests,
             retries=self._retries,
             outcomes=dict(self._outcomes),
-            in_flight=sum(replica.outstanding for replica in self._replicas),
+            in_flight=self._replicas.outstanding,
             slots_in_use=self._limiter.in_use,
             window=self._limiter.limit,
-            window_mode="adaptive" if self._adaptive else "fixed",
+            window_mode=self._window.mode,
             breaker_open=self._breaker.is_open,
-            replicas=tuple(
-                ReplicaStats(
-                    url=replica.display,
-                    requests=replica.requests,
-                    successes=replica.successes,
-                    failures=replica.failures,
-                    outstanding=replica.outstanding,
-                    cooling_off=replica.cooling(now),
-                    running=replica.sample.running if replica.sample else None,
-                    waiting=replica.sample.waiting if replica.sample else None,
-                )
-                for replica in self._replicas
-            ),
+            replicas=self._replicas.stats(self._clock()),
         )
+
+
+def backoff_delay(settings: ServerSettings, rounds: int, retry_after: float | None = None) -> float:
+    """Jittered exponential backoff for the ``rounds``-th wait of a call (1-based), never above
+    ``backoff_max_s``; a server's ``Retry-After`` lengthens it up to that cap."""
+    ceiling = min(settings.backoff_max_s, settings.backoff_initial_s * 2 ** min(rounds - 1, 32))
+    delay = ceiling / 2 + random.uniform(0, ceiling / 2)
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, settings.backoff_max_s))
+    return delay
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -787,17 +573,6 @@ def _retry_after(response: httpx.Response) -> float | None:
     if not math.isfinite(seconds):
         return None
     return max(0.0, seconds)
-
-
-def _certificate_rejected(exc: BaseException) -> bool:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, ssl.SSLCertVerificationError):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return False
 
 
 def _consume_outcome(task: asyncio.Future[Any]) -> None:

@@ -11,6 +11,8 @@ Two families matter to callers:
 
 from __future__ import annotations
 
+from typing import Literal
+
 
 class OlmocrTasksError(Exception):
     """Base class of every error raised by olmocr_tasks."""
@@ -54,6 +56,33 @@ class UnreadableSourceError(DocumentError):
     """The object exists in the listing but cannot be read (deleted, access denied)."""
 
     error_class = "unreadable"
+
+
+class AttemptFailed(OlmocrTasksError):
+    """One failed page attempt: the page logic moves on to its next attempt (or the fallback page).
+
+    Raised by the client, handled by the page retry ladder.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+RenderErrorReason = Literal["timeout", "crashed", "failed"]
+
+
+class RenderError(OlmocrTasksError):
+    """A page could not be rendered or read: the worker timed out, crashed or reported a failure.
+
+    ``reason`` is "timeout", "crashed" or "failed". The pool has already replaced a killed worker; the
+    caller decides whether the page is retried or falls back. Raised by rendering, handled by the page
+    retry ladder and the conversion.
+    """
+
+    def __init__(self, reason: RenderErrorReason, message: str) -> None:
+        super().__init__(message)
+        self.reason: RenderErrorReason = reason
 
 
 class InfrastructureError(OlmocrTasksError):

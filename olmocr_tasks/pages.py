@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from olmocr_tasks.config import PageSettings
+from olmocr_tasks.errors import AttemptFailed, RenderError
 from olmocr_tasks.protocol import (
     Completion,
     CompletionFormatError,
@@ -65,17 +66,11 @@ class PageConverter:
         renderer: PageRenderer,
         body_builder: RequestBodyBuilder,
         settings: PageSettings,
-        *,
-        attempt_failed: type[Exception],
-        render_failed: type[Exception],
     ) -> None:
         self._client = client
         self._renderer = renderer
         self._builder = body_builder
         self._settings = settings
-        # The exception types are injected so this module stays free of transport and process details.
-        self._attempt_failed = attempt_failed
-        self._render_failed = render_failed
 
     async def convert(self, path: str, page_index: int) -> PageResult:
         page_number = page_index + 1
@@ -91,10 +86,10 @@ class PageConverter:
             attempts += 1
             try:
                 payload, elapsed = await self._ask(path, page_index, rotation, attempt)
-            except self._render_failed as exc:
+            except RenderError as exc:
                 failure_reason = f"render failed: {exc}"
                 break  # rendering again would fail (or hang) again; the text layer is all we can offer
-            except self._attempt_failed as exc:
+            except AttemptFailed as exc:
                 failure_reason = str(exc)
                 continue
             busy_s += elapsed
@@ -160,8 +155,6 @@ class PageConverter:
     async def _fallback_text(self, path: str, page_index: int) -> str:
         try:
             return await self._renderer.page_text(path, page_index)
-        except self._render_failed as exc:
+        except RenderError as exc:
             log.warning("text layer of page %d of %s is unreadable too: %s", page_index + 1, path, exc)
             return ""
-
-

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from olmocr_tasks import errors
 from olmocr_tasks.config import DocumentLimits
@@ -46,7 +46,7 @@ from olmocr_tasks.errors import (
     EmptyDocumentError,
     EncryptedPdfError,
     NotPdfError,
-    OlmocrTasksError,
+    RenderError,
     TooLargeError,
     UnreadableSourceError,
 )
@@ -66,8 +66,6 @@ __all__ = [
     "target_size",
 ]
 
-RenderErrorReason = Literal["timeout", "crashed", "failed"]
-
 # Set to "1" in the environment of the process that creates a pool to let its workers accept the
 # test-only request kinds (_sleep, _crash). Tests need a worker that hangs or dies on demand to prove
 # the pool survives; keeping those kinds behind an environment switch means no production worker can
@@ -82,18 +80,6 @@ _DOCUMENT_CACHE_SIZE = 8
 _WORKER_START_TIMEOUT_S = 60.0
 _WORKER_STOP_GRACE_S = 2.0
 _RELEASE_TIMEOUT_S = 10.0
-
-
-class RenderError(OlmocrTasksError):
-    """A page could not be rendered or read: the worker timed out, crashed or reported a failure.
-
-    ``reason`` is "timeout", "crashed" or "failed". The pool has already replaced a killed worker; the
-    caller decides whether the page is retried or falls back.
-    """
-
-    def __init__(self, reason: RenderErrorReason, message: str) -> None:
-        super().__init__(message)
-        self.reason: RenderErrorReason = reason
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import httpx
 
 from olmocr_tasks.config import DEFAULT_MODEL
 from olmocr_tasks.errors import ConfigurationError
+from olmocr_tasks.readiness import ModelsProbe
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ INSTALL_HINT = "pip install 'olmocr-airflow[vllm]'"
 # One page image per prompt and no video, as olmOCR's pages need; vLLM wants this as JSON.
 LIMIT_MM_PER_PROMPT = json.dumps({"video": 0, "image": 1})
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+_PROBE_TIMEOUT_S = 5.0
 
 
 class VllmNotInstalledError(ConfigurationError):
@@ -182,41 +184,28 @@ def wait_until_ready(
     cannot fix a wrong name), ``ServerExitedError`` if ``is_alive`` turns false,
     ``StopRequestedError`` if ``should_stop`` turns true, ``ReadinessTimeoutError`` after the timeout.
     """
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    probe = ModelsProbe(url, model_name, api_key=api_key)
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=httpx.Timeout(5.0), headers=headers) as client:
+    with httpx.Client() as client:
         while True:
             if should_stop is not None and should_stop():
                 raise StopRequestedError("stop requested")
             if is_alive is not None and not is_alive():
                 raise ServerExitedError("vLLM exited before it became ready")
-            try:
-                response = client.get(url.rstrip("/") + "/models")
-            except httpx.HTTPError:
-                response = None
-            if response is not None:
-                if response.status_code in (401, 403):
-                    raise ReadinessError(f"vLLM rejected the API key (HTTP {response.status_code})")
-                if response.status_code == 200:
-                    served = _model_ids(response)
-                    if model_name in served:
-                        return
-                    if served:
-                        raise ServedModelMismatchError(
-                            f"vLLM at {url} serves {', '.join(sorted(served))}, not {model_name!r}; "
-                            "check --served-model-name and the model of the olmocr_vllm connection"
-                        )
+            result = probe.probe_sync(client, _PROBE_TIMEOUT_S)
+            if result.ready:
+                return
+            if result.reason == "auth":
+                raise ReadinessError(f"vLLM rejected the API key (HTTP {result.status})")
+            if result.reason == "model_missing" and result.models:
+                raise ServedModelMismatchError(
+                    f"vLLM at {url} serves {', '.join(sorted(result.models))}, not {model_name!r}; "
+                    "check --served-model-name and the model of the olmocr_vllm connection"
+                )
+            # Anything else (refused, 5xx, a 404 or an empty list from a server still loading) may pass.
             if time.monotonic() >= deadline:
                 raise ReadinessTimeoutError(f"vLLM did not list {model_name!r} at {url}/models within {timeout_s:g}s")
             sleep(interval_s)
-
-
-def _model_ids(response: httpx.Response) -> set[str]:
-    try:
-        data = response.json().get("data", [])
-        return {str(item["id"]) for item in data if isinstance(item, dict) and "id" in item}
-    except (ValueError, AttributeError, TypeError):
-        return set()
 
 
 def _child_setup() -> None:
