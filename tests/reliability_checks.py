@@ -224,10 +224,13 @@ def start_cli(*args: str, log: Path, env: dict[str, str] | None = None) -> subpr
 
 
 def kill_and_reap(process: subprocess.Popen[bytes], children: Iterable[psutil.Process]) -> list[psutil.Process]:
-    """SIGKILL the process, reap it, and return the children still alive after 10 s (should be none)."""
+    """SIGKILL the process, reap it, and return the children still alive after 30 s (should be none).
+
+    30 s is a hang guard, not a speed requirement: the children die with their parent at once.
+    """
     process.send_signal(signal.SIGKILL)
-    process.wait(timeout=10)
-    _, alive = psutil.wait_procs(list(children), timeout=10)
+    process.wait(timeout=30)
+    _, alive = psutil.wait_procs(list(children), timeout=30)
     return alive
 
 
@@ -239,13 +242,14 @@ def descendants(pid: int) -> list[psutil.Process]:
 
 
 class RssSampler:
-    """Peak resident memory of a process and of its children, sampled on a thread."""
+    """Peak resident memory of a process and of its children, and which children ran, sampled on a thread."""
 
     def __init__(self, pid: int, interval_s: float = 0.05) -> None:
         self.pid = pid
         self.interval_s = interval_s
         self.parent_peak = 0
         self.child_peak = 0
+        self.child_pids: set[int] = set()  # every child seen, e.g. render workers and their replacements
         self.samples: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
@@ -270,6 +274,7 @@ class RssSampler:
             self.parent_peak = max(self.parent_peak, rss)
             self.samples.append((time.monotonic() - started, rss))
             for child in children:
+                self.child_pids.add(child.pid)
                 with contextlib.suppress(psutil.Error):
                     self.child_peak = max(self.child_peak, child.memory_info().rss)
             self._stop.wait(self.interval_s)

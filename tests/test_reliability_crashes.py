@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -41,6 +42,7 @@ def write_documents(folder: Path, pages: dict[int, int]) -> dict[str, int]:
 
 
 def wait_until(condition: object, timeout: float, what: str) -> None:
+    """Poll until ``condition()``; ``timeout`` is a hang guard, far above what the wait normally takes."""
     deadline = time.monotonic() + timeout
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -84,6 +86,7 @@ def test_sigkill_mid_document_then_rerun(tmp_path: Path, standin: StandinServer)
         assert workers, "the render workers should be running"
     finally:
         survivors = kill_and_reap(process, descendants(process.pid))
+    assert process.returncode == -signal.SIGKILL, "the run must still have been running when killed"
     assert survivors == [], f"render workers outlived their killed parent: {survivors}"
     assert any(record["outcome"] == "client_gone" or record["outcome"] is None for record in standin.requests())
 
@@ -153,6 +156,7 @@ def test_sigkill_mid_write_leaves_nothing_partial_for_readers(
         wait_until(lambda: flag.exists() and flag.read_text(), 60, "the paused write")
     finally:
         survivors = kill_and_reap(process, descendants(process.pid))
+    assert process.returncode == -signal.SIGKILL, "the run must still have been paused in its write when killed"
     assert survivors == []
     target = Path(flag.read_text())
     leftovers = [path for path in target.parent.iterdir() if path.name.endswith(TEMP_SUFFIX)]
@@ -177,7 +181,7 @@ def test_sigkill_mid_write_leaves_nothing_partial_for_readers(
 def test_sigkill_at_random_moments_repeatedly_then_rerun(tmp_path: Path, standin: StandinServer) -> None:
     # Many one-page documents at no latency: outputs and ledger objects are written all the time, so
     # the kills land between and inside writes at random.
-    doc_ids = write_documents(tmp_path / "in", {doc_id: 1 for doc_id in range(60, 100)})
+    doc_ids = write_documents(tmp_path / "in", {doc_id: 1 for doc_id in range(60, 160)})
     out = tmp_path / "out"
     chooser = random.Random(20240611)
     for round_number in range(3):
@@ -192,6 +196,10 @@ def test_sigkill_at_random_moments_repeatedly_then_rerun(tmp_path: Path, standin
             workers = descendants(process.pid)
         finally:
             survivors = kill_and_reap(process, descendants(process.pid))
+        # The kill must land in a running conversion: a run that had already finished (exit 0) or
+        # failed would make this round test nothing. 100 documents leave plenty unconverted after three
+        # rounds of at most 12 requests each, even if a busy machine is slow to deliver the kill.
+        assert process.returncode == -signal.SIGKILL, (process.returncode, (tmp_path / f"kill{round_number}.log"))
         assert survivors == [] and all(not w.is_running() for w in workers)
         assert_reader_view_consistent(str(out), doc_ids=doc_ids)
     finish_and_check(tmp_path, standin, doc_ids, "after-random-kills")
@@ -204,6 +212,7 @@ def test_two_overlapping_runs_at_once_leave_one_correct_result_per_document(
     doc_ids = write_documents(tmp_path / "in", {doc_id: 2 for doc_id in range(110, 122)})
     standin.configure(latency_s=0.05)
     out = tmp_path / "out"
+
     def start(run_id: str) -> subprocess.Popen[bytes]:
         return start_cli(
             "convert", str(tmp_path / "in"), str(out), "--server", standin.url, "--run-id", run_id,
@@ -212,6 +221,7 @@ def test_two_overlapping_runs_at_once_leave_one_correct_result_per_document(
 
     processes = {run_id: start(run_id) for run_id in ("left", "right")}
     for run_id, process in processes.items():
+        # A hang guard: both runs finish in seconds.
         assert process.wait(timeout=120) == 0, (tmp_path / f"{run_id}.log").read_text()
     for run_id in ("left", "right"):
         manifest = json.loads((out / "manifests" / f"{run_id}.json").read_text())
