@@ -19,7 +19,13 @@ from urllib.parse import urlsplit
 
 from olmocr_tasks import __version__
 from olmocr_tasks.config import DEFAULT_MODEL, ConversionSettings, DocumentLimits, PageSettings, ServerSettings
-from olmocr_tasks.cpu_engine import DEFAULT_OSD_MIN_CONFIDENCE, DEFAULT_PORT, CpuEngineHandle, create_cpu_engine
+from olmocr_tasks.cpu_engine import (
+    CPU_ENGINE_MODEL,
+    DEFAULT_OSD_MIN_CONFIDENCE,
+    DEFAULT_PORT,
+    CpuEngineHandle,
+    create_cpu_engine,
+)
 from olmocr_tasks.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
 from olmocr_tasks.manifest import Manifest
 from olmocr_tasks.redaction import environment_secrets, install_log_redaction, redact_text
@@ -233,7 +239,9 @@ def _add_serve_cpu_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks one)")
     parser.add_argument(
-        "--served-model-name", default=DEFAULT_MODEL, help=f"model name to answer to (default {DEFAULT_MODEL})"
+        "--served-model-name",
+        default=CPU_ENGINE_MODEL,
+        help=f"model name to answer to (default {CPU_ENGINE_MODEL}; the connection's model must match)",
     )
     parser.add_argument(
         "--api-key-env", metavar="VAR", help="require 'Authorization: Bearer <value of $VAR>' on /v1 routes"

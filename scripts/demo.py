@@ -16,7 +16,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_airflow import AIRFLOW_HOME, ROOT, airflow, airflow_env, prepare
 
-from olmocr_tasks.config import DEFAULT_MODEL
 from olmocr_tasks.cpu_engine import start_cpu_engine_in_thread
 
 OUTPUT = ROOT / "demo-output"
@@ -28,8 +27,10 @@ def main() -> int:
         return 1
     engine = start_cpu_engine_in_thread(host="127.0.0.1", port=0)
     try:
-        print(f"local CPU OCR engine (Tesseract) serving {DEFAULT_MODEL} at {engine.url}")
-        env = airflow_env(vllm_url=engine.url, model=DEFAULT_MODEL)
+        # The connection names the model the engine serves: outputs are recorded under the model
+        # that produced them, so a later olmOCR run on a GPU converts these documents again.
+        print(f"local CPU OCR engine (Tesseract) serving {engine.served_model_name} at {engine.url}")
+        env = airflow_env(vllm_url=engine.url, model=engine.served_model_name)
         print(f"embedded Airflow (SQLite) in {AIRFLOW_HOME.relative_to(ROOT)}/ ...")
         prepare(env)
         conf = {"input_uri": str(ROOT / "examples"), "output_uri": str(OUTPUT), "scope": "all"}

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_airflow import AIRFLOW_HOME, airflow_env, prepare
 
-from olmocr_tasks.config import DEFAULT_MODEL
+from olmocr_tasks.cpu_engine import CPU_ENGINE_MODEL
 
 ENGINE_PORT = int(os.environ.get("OLMOCR_CPU_ENGINE_PORT", "8011"))
 UI_PORT = int(os.environ.get("AIRFLOW__API__PORT", "8080"))
@@ -27,7 +27,7 @@ def main() -> int:
     engine = subprocess.Popen(
         [sys.executable, "-m", "olmocr_tasks.cli", "serve-cpu", "--host", "127.0.0.1", "--port", str(ENGINE_PORT)]
     )
-    env = airflow_env(vllm_url=f"http://127.0.0.1:{ENGINE_PORT}/v1", model=DEFAULT_MODEL)
+    env = airflow_env(vllm_url=f"http://127.0.0.1:{ENGINE_PORT}/v1", model=CPU_ENGINE_MODEL)
     env["AIRFLOW__API__PORT"] = str(UI_PORT)
     prepare(env)
     airflow = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "standalone"], env=env)

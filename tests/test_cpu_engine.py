@@ -27,7 +27,7 @@ from reportlab.lib.pagesizes import letter
 from reportlab.pdfgen import canvas
 
 from olmocr_tasks.config import DEFAULT_MODEL
-from olmocr_tasks.cpu_engine import is_loopback_host, start_cpu_engine_in_thread
+from olmocr_tasks.cpu_engine import CPU_ENGINE_MODEL, is_loopback_host, start_cpu_engine_in_thread
 from olmocr_tasks.cpu_engine.chat import format_answer
 from olmocr_tasks.cpu_engine.tesseract import PageOcr, parse_osd, tidy_text
 from olmocr_tasks.protocol import RequestBodyBuilder, build_page_query, parse_completion, parse_front_matter
@@ -94,7 +94,7 @@ def _normalise(text: str) -> str:
 
 
 def test_reads_a_rendered_page_in_olmocr_format(engine, page_png):
-    body = RequestBodyBuilder(DEFAULT_MODEL).build(base64.b64encode(page_png), 0.1)
+    body = RequestBodyBuilder(CPU_ENGINE_MODEL).build(base64.b64encode(page_png), 0.1)
     response = _post(engine.url, body)
     assert response.status_code == 200
     payload = response.json()
@@ -109,7 +109,7 @@ def test_reads_a_rendered_page_in_olmocr_format(engine, page_png):
     assert page.rotation_correction == 0
     assert page.is_table is False and page.is_diagram is False
     assert _normalise(KNOWN_SENTENCE) in _normalise(page.natural_text or "")
-    assert payload["model"] == DEFAULT_MODEL
+    assert payload["model"] == CPU_ENGINE_MODEL
     assert payload["object"] == "chat.completion"
 
 
@@ -119,7 +119,7 @@ def test_rotated_page_is_reported_with_the_correction_that_makes_it_upright(engi
     rotated = Image.open(io.BytesIO(page_png)).rotate(90, expand=True)
     buffer = io.BytesIO()
     rotated.save(buffer, format="PNG")
-    body = RequestBodyBuilder(DEFAULT_MODEL).build(base64.b64encode(buffer.getvalue()), 0.1)
+    body = RequestBodyBuilder(CPU_ENGINE_MODEL).build(base64.b64encode(buffer.getvalue()), 0.1)
     response = _post(engine.url, body)
     assert response.status_code == 200
     page = parse_completion(response.json()).response
@@ -145,10 +145,13 @@ def test_low_confidence_or_missing_osd_is_upright():
     assert parse_osd("Too few characters. Skipping this page\n") == 0
 
 
-def test_models_lists_the_served_name(engine):
+def test_serves_its_own_model_name_never_olmocrs(engine, page_png):
+    # Tesseract's text recorded under olmOCR's name would make a later GPU run skip those documents.
     response = httpx.get(engine.url + "/models")
     assert response.status_code == 200
-    assert [item["id"] for item in response.json()["data"]] == [DEFAULT_MODEL]
+    assert [item["id"] for item in response.json()["data"]] == [CPU_ENGINE_MODEL] == ["olmocr-cpu-tesseract"]
+    asked_for_olmocr = _post(engine.url, RequestBodyBuilder(DEFAULT_MODEL).build(base64.b64encode(page_png), 0.1))
+    assert asked_for_olmocr.status_code == 404
 
 
 def test_custom_served_model_name_and_wrong_model_is_404(page_png):
@@ -168,13 +171,16 @@ def test_custom_served_model_name_and_wrong_model_is_404(page_png):
     [
         (b"not json", "not valid JSON"),
         (b"[]", "JSON object"),
-        (json.dumps({"model": DEFAULT_MODEL}).encode(), "messages"),
+        (json.dumps({"model": CPU_ENGINE_MODEL}).encode(), "messages"),
         (
-            json.dumps({"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "hello"}]}).encode(),
+            json.dumps({"model": CPU_ENGINE_MODEL, "messages": [{"role": "user", "content": "hello"}]}).encode(),
             "exactly one image",
         ),
-        (json.dumps(build_page_query(DEFAULT_MODEL, "!!notbase64!!", 0.1)).encode(), "base64"),
-        (json.dumps(build_page_query(DEFAULT_MODEL, base64.b64encode(b"garbage").decode(), 0.1)).encode(), "decoded"),
+        (json.dumps(build_page_query(CPU_ENGINE_MODEL, "!!notbase64!!", 0.1)).encode(), "base64"),
+        (
+            json.dumps(build_page_query(CPU_ENGINE_MODEL, base64.b64encode(b"garbage").decode(), 0.1)).encode(),
+            "decoded",
+        ),
     ],
 )
 def test_malformed_requests_are_400(engine, body, fragment):
@@ -184,7 +190,7 @@ def test_malformed_requests_are_400(engine, body, fragment):
 
 
 def test_remote_image_urls_are_refused(engine):
-    query = build_page_query(DEFAULT_MODEL, "x", 0.1)
+    query = build_page_query(CPU_ENGINE_MODEL, "x", 0.1)
     query["messages"][0]["content"][1]["image_url"]["url"] = "http://169.254.169.254/latest/meta-data"
     response = _post(engine.url, json.dumps(query).encode())
     assert response.status_code == 400
@@ -204,7 +210,7 @@ def test_api_key_is_required_on_v1_routes(page_png):
         assert wrong.status_code == 401
         good = httpx.get(handle.url + "/models", headers={"Authorization": "Bearer s3cret-token"})
         assert good.status_code == 200
-        body = RequestBodyBuilder(DEFAULT_MODEL).build(base64.b64encode(page_png), 0.1)
+        body = RequestBodyBuilder(CPU_ENGINE_MODEL).build(base64.b64encode(page_png), 0.1)
         assert _post(handle.url, body).status_code == 401
         # Health and metrics stay open for probes, as with vLLM.
         assert httpx.get(handle.base_url + "/health").status_code == 200
@@ -243,7 +249,7 @@ def _fake_tesseract(tmp_path: Path, delay: float) -> str:
 
 def test_concurrency_is_bounded_and_extra_requests_wait(tmp_path, page_png):
     binary = _fake_tesseract(tmp_path, delay=1.0)
-    body = RequestBodyBuilder(DEFAULT_MODEL).build(base64.b64encode(page_png), 0.1)
+    body = RequestBodyBuilder(CPU_ENGINE_MODEL).build(base64.b64encode(page_png), 0.1)
     with start_cpu_engine_in_thread(max_concurrency=1, tesseract_binary=binary) as handle:
         results: list[int] = []
         threads = [
@@ -266,11 +272,11 @@ def test_concurrency_is_bounded_and_extra_requests_wait(tmp_path, page_png):
 def test_answer_text_is_tidied_and_budget_is_enforced(tmp_path, page_png):
     binary = _fake_tesseract(tmp_path, delay=0.0)
     with start_cpu_engine_in_thread(tesseract_binary=binary) as handle:
-        body = RequestBodyBuilder(DEFAULT_MODEL).build(base64.b64encode(page_png), 0.1)
+        body = RequestBodyBuilder(CPU_ENGINE_MODEL).build(base64.b64encode(page_png), 0.1)
         page = parse_completion(_post(handle.url, body).json()).response
         assert page.natural_text == "Fake words from a fake engine.\n\nA second paragraph of text."
         assert page.is_rotation_valid and page.rotation_correction == 0  # OSD failed: upright
-        short = RequestBodyBuilder(DEFAULT_MODEL, max_tokens=40).build(base64.b64encode(page_png), 0.1)
+        short = RequestBodyBuilder(CPU_ENGINE_MODEL, max_tokens=40).build(base64.b64encode(page_png), 0.1)
         payload = _post(handle.url, short).json()
         assert payload["choices"][0]["finish_reason"] == "length"
         assert payload["usage"]["completion_tokens"] == 40

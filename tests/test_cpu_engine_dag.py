@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from olmocr_tasks.config import DEFAULT_MODEL
 from olmocr_tasks.cpu_engine import start_cpu_engine_in_thread
 from tests.airflow_env import REPO_ROOT, AirflowEnv, vllm_connection
 
@@ -24,7 +23,7 @@ def test_sample_pdfs_come_back_as_their_real_text_through_the_dag(airflow_home: 
     shutil.copytree(REPO_ROOT / "examples", inbox, ignore=shutil.ignore_patterns("*.py"))
     output = tmp_path / "out"
     with start_cpu_engine_in_thread(host="127.0.0.1", port=0) as engine:
-        env = airflow_home.with_env(AIRFLOW_CONN_OLMOCR_VLLM=vllm_connection(engine.url, DEFAULT_MODEL))
+        env = airflow_home.with_env(AIRFLOW_CONN_OLMOCR_VLLM=vllm_connection(engine.url, engine.served_model_name))
         result = env.dag_test("olmocr_ingest", conf={"input_uri": str(inbox), "output_uri": str(output)})
     assert result.succeeded, result.tail()
 

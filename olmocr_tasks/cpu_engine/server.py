@@ -22,7 +22,6 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from olmocr_tasks.config import DEFAULT_MODEL
 from olmocr_tasks.cpu_engine.chat import PageRequest, RequestError, completion_body, parse_chat_request
 from olmocr_tasks.cpu_engine.tesseract import DEFAULT_OSD_MIN_CONFIDENCE, Tesseract
 from olmocr_tasks.errors import ConfigurationError
@@ -30,6 +29,9 @@ from olmocr_tasks.vllm_metrics import CONTENT_TYPE, Metric, ServerMetrics, rende
 
 logger = logging.getLogger(__name__)
 
+# The engine answers under its own name, never olmOCR's: outputs are recorded (and later skipped as
+# already converted) under the model that produced them, and Tesseract's text is not olmOCR's.
+CPU_ENGINE_MODEL = "olmocr-cpu-tesseract"
 MODEL_MAX_CONTEXT = 16384
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -39,7 +41,7 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 class CpuEngineConfig:
     """Everything that shapes one engine instance."""
 
-    served_model_name: str = DEFAULT_MODEL
+    served_model_name: str = CPU_ENGINE_MODEL
     api_key: str | None = field(default=None, repr=False)
     max_concurrency: int = field(default_factory=lambda: os.cpu_count() or 1)
     tesseract_binary: str = "tesseract"
