@@ -1,0 +1,36 @@
+"""The deployment tier: one real Airflow deployment per test session (see ``harness``), shared by its tests.
+
+Starting it costs one to three minutes on a loaded 2-core machine, so it is session-scoped; each
+test uses its own S3 prefixes (or, for scheduled runs, the DAGs' environment prefixes) and reads
+what the runs published.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.deployment.corpus import Bucket
+from tests.deployment.harness import Deployment, deployment as start_deployment
+
+
+@pytest.fixture(scope="session")
+def deployment(moto_server: str) -> Iterator[Deployment]:
+    with start_deployment(moto_server) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def bucket(deployment: Deployment) -> Bucket:
+    return Bucket(deployment.moto_url, deployment.bucket)
+
+
+@pytest.fixture(scope="session")
+def ingest_unpaused(deployment: Deployment) -> None:
+    """``olmocr_ingest`` unpaused for the rest of the session: runs of a paused DAG are never scheduled.
+
+    From then on the scheduler also makes its own run every minute (``OLMOCR_SCHEDULE``); those only
+    look at the DAGs' default input, which no other test writes to.
+    """
+    deployment.api.set_paused("olmocr_ingest", False)

@@ -1,0 +1,105 @@
+"""What the deployment tests put into S3 and read back: generated PDFs in, manifests and outputs out.
+
+Every check reads what a run *published* (the manifest under ``OUTPUT/manifests/`` and the outputs it
+names), never task return values.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from olmocr_tasks.manifest import manifest_uri
+from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
+from tests.pdfgen import text_pdf
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+class Bucket:
+    """One bucket on the moto server, through boto3 over HTTP (and moto's backend for LastModified)."""
+
+    def __init__(self, endpoint_url: str, name: str) -> None:
+        import boto3
+
+        options = {
+            "endpoint_url": endpoint_url,
+            "region_name": REGION,
+            "aws_access_key_id": DUMMY_KEY,
+            "aws_secret_access_key": DUMMY_SECRET,
+        }
+        self.name = name
+        self.s3 = boto3.client("s3", **options)
+        self.sqs = boto3.client("sqs", **options)
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.name}/{key}"
+
+    def put_pdf(self, key: str, *, pages: int = 1, doc_id: int = 1, last_modified: datetime | None = None) -> str:
+        """Upload a generated PDF whose pages carry ``doc_id``'s marker; optionally backdate it.
+
+        S3 gives no way to set LastModified; the moto server runs in this process, so its stored
+        object is backdated directly, as if it had been uploaded then.
+        """
+        self.s3.put_object(Bucket=self.name, Key=key, Body=text_pdf(pages, doc_id))
+        if last_modified is not None:
+            self.backdate(key, last_modified)
+        return self.uri(key)
+
+    def backdate(self, key: str, when: datetime) -> None:
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.s3.models import s3_backends
+
+        stored = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].get_object(self.name, key)
+        assert stored is not None, key
+        # moto keeps naive UTC datetimes.
+        stored.last_modified = when.astimezone(UTC).replace(tzinfo=None)
+
+    def last_modified(self, key: str) -> datetime:
+        return self.s3.head_object(Bucket=self.name, Key=key)["LastModified"]
+
+    def read_bytes(self, uri: str) -> bytes:
+        bucket, key = split_s3(uri)
+        return self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def exists(self, uri: str) -> bool:
+        bucket, key = split_s3(uri)
+        return "Contents" in self.s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+
+    def manifest(self, output_uri: str, dag_id: str, run_id: str) -> dict[str, Any] | None:
+        """The published manifest of one Airflow run, or None when there is none (yet)."""
+        uri = manifest_uri(output_uri, f"{dag_id}__{run_id}")
+        return json.loads(self.read_bytes(uri)) if self.exists(uri) else None
+
+    def keys(self, prefix: str) -> list[str]:
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.name, Prefix=prefix)
+        return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+
+def documents(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The manifest's documents by source URI."""
+    return {doc["source"]: doc for doc in manifest["documents"]}
+
+
+def converted(manifest: dict[str, Any]) -> set[str]:
+    return {source for source, doc in documents(manifest).items() if doc["status"] == "converted"}
+
+
+def assert_outputs_name_their_pages(bucket: Bucket, manifest: dict[str, Any], doc_ids: dict[str, int]) -> None:
+    """Every converted document's markdown holds the stand-in's transcription of each of its own pages."""
+    for source, doc in documents(manifest).items():
+        if doc["status"] != "converted":
+            continue
+        markdown = bucket.read_bytes(doc["outputs"]["markdown"]).decode()
+        for page in range(1, doc["pages"] + 1):
+            assert f"document {doc_ids[source]} page {page}" in markdown, (source, page)
+
+
+def union_converted(manifests: Iterable[dict[str, Any]]) -> list[str]:
+    """Every converted source across manifests, with repeats (a repeat is a document converted twice)."""
+    return [source for manifest in manifests for source in sorted(converted(manifest))]
