@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.deployment.corpus import Bucket
-from tests.deployment.harness import Deployment, deployment as start_deployment
+from tests.deployment.harness import Deployment
+from tests.deployment.harness import deployment as start_deployment
 
 
 @pytest.fixture(scope="session")

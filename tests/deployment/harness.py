@@ -126,10 +126,8 @@ class Process:
             stragglers = self.descendants()
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.popen.pid, signal.SIGKILL)
             for pid in stragglers:
@@ -446,7 +444,9 @@ class AirflowCluster:
         process = self.processes[name]
         while not check():
             if not process.alive:
-                raise DeploymentError(f"{name} exited ({process.popen.returncode}); {process.log}:\n{_tail(process.log)}")
+                raise DeploymentError(
+                    f"{name} exited ({process.popen.returncode}); {process.log}:\n{_tail(process.log)}"
+                )
             if time.monotonic() > deadline:
                 raise DeploymentError(f"{name} not {state} in time; {process.log}:\n{_tail(process.log)}")
             time.sleep(1)
@@ -531,7 +531,9 @@ class AirflowApi:
         return wait_until(parsed, timeout, 2, what=f"DAG {dag_id} parsed")
 
     def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None, **body: Any) -> httpx.Response:
-        return self.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf or {}, **body})
+        return self.request(
+            "POST", f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf or {}, **body}
+        )
 
     def dag_runs(self, dag_id: str, **params: Any) -> list[dict[str, Any]]:
         return self.ok("GET", f"/api/v2/dags/{dag_id}/dagRuns", params={"limit": 100, **params})["dag_runs"]
