@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import random
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
 
-from olmocr_tasks.manifest import DocumentEntry, Manifest, manifest_uri
+from tests.airflow_env import AirflowEnv
+from tests.ocr_runs import CLEAN_RUN, DAG_ID, DEAD_LETTER_RUN, FAILING_RUN, XSS, RealRuns, real_runs
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = REPO / "plugins"
@@ -25,149 +25,21 @@ if str(PLUGINS) not in sys.path:
 from olmocr_runs import charts, create_app  # noqa: E402
 from olmocr_runs.runs import task_log_href  # noqa: E402
 
-XSS = "<script>alert(1)</script>"
-DAG_ID = "olmocr_convert"
-BUSY_RUN = "manual__2025-06-01T10:00:00+00:00"
-CLEAN_RUN = "scheduled__2025-06-02T00:00:00+00:00"
-BUDGET_RUN = "manual__2025-05-30T08:00:00+00:00"
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, airflow_home: AirflowEnv, moto_server: str) -> RealRuns:
+    return real_runs(tmp_path_factory.getbasetemp(), airflow_home, moto_server)
 
 
-def _converted(rng: random.Random, index: int, run_id: str) -> DocumentEntry:
-    pages = rng.randint(1, 30)
-    latencies = [round(rng.uniform(2.0, 14.0), 3) for _ in range(pages)]
-    retried = rng.randint(0, min(2, pages))
-    fallback = 1 if index % 17 == 0 else 0
-    return DocumentEntry(
-        source=f"s3://acme-scans/2025/batch-{index // 10:02d}/doc-{index:04d}.pdf",
-        status="converted",
-        size=rng.randint(80_000, 9_000_000),
-        sha256=f"{index:064x}",
-        pages=pages,
-        fallback_pages=fallback,
-        input_tokens=pages * rng.randint(1400, 1700),
-        output_tokens=pages * rng.randint(500, 1300),
-        attempts=pages + retried,
-        seconds=round(sum(latencies) / 4, 3),
-        outputs={"dolma": "s3://acme-out/dolma/part-0000.jsonl", "markdown": f"s3://acme-out/md/doc-{index:04d}.md"},
-        page_latencies_s=latencies,
-        accepted_attempt_histogram={"1": pages - retried, **({"2": retried} if retried else {})},
-        server_input_tokens=pages * 1600,
-        server_output_tokens=pages * 900,
-        task={
-            "dag_id": DAG_ID,
-            "run_id": run_id,
-            "task_id": "convert_batch",
-            "map_index": index // 10,
-            "try_number": 1,
-        },
-    )
-
-
-def _failed(source: str, error_class: str, error: str, task: dict[str, Any] | None, index: int) -> DocumentEntry:
-    return DocumentEntry(
-        source=source,
-        status="failed",
-        size=1_234_567,
-        sha256=f"{index + 9000:064x}",
-        error_class=error_class,
-        error=error,
-        pages=0,
-        attempts=8,
-        seconds=42.5,
-        failed_attempts=1,
-        task=task,
-    )
-
-
-def build_manifests() -> list[Manifest]:
-    """Three runs: one with failures, dead letters and hostile text; one clean; one over budget."""
-    rng = random.Random(7)
-    busy_docs = [_converted(rng, i, BUSY_RUN) for i in range(40)]
-    hostile = _failed(
-        f"s3://acme-scans/2025/{XSS}.pdf",
-        "PdfRenderError",
-        f"{XSS} pdfium could not render page 3",
-        {"dag_id": DAG_ID, "run_id": BUSY_RUN, "task_id": "convert_batch", "map_index": 4, "try_number": 2},
-        1,
-    )
-    timeout = _failed(
-        "s3://acme-scans/2025/big-scan.pdf",
-        "ServerUnavailable",
-        "no successful request for 180 s",
-        {"dag_id": DAG_ID, "run_id": BUSY_RUN, "task_id": "convert_document", "map_index": -1},
-        2,
-    )
-    skipped = DocumentEntry(source="s3://acme-scans/2025/empty.pdf", status="skipped", skip_reason="zero pages")
-    dead = DocumentEntry.from_dict({**hostile.to_dict(), "failed_attempts": 3})
-    busy = Manifest(
-        run_id=BUSY_RUN,
-        started_at="2025-06-01T10:00:00.000Z",
-        finished_at="2025-06-01T10:20:00.000Z",
-        server={"base_urls": ["http://ocr:***@vllm.internal:8000/v1"], "model": "olmocr", "api_key_set": True},
-        model="allenai/olmOCR-2-7B-1025-FP8",
-        prompt_version="olmocr-v4-yaml",
-        package_version="0.1.0",
-        settings={"max_page_error_rate": 0.004, "page": {"max_tokens": 8000}},
-        input_uri="s3://acme-scans/2025/",
-        output_uri="s3://acme-out/",
-        documents=[*busy_docs[:20], hostile, *busy_docs[20:], timeout, skipped],
-        dead_letters=[dead],
-        already_converted=12,
-        gpu_hour_price=2.5,
-    )
-    clean = Manifest(
-        run_id=CLEAN_RUN,
-        started_at="2025-06-02T00:00:05.000Z",
-        finished_at="2025-06-02T00:03:05.000Z",
-        server={"base_urls": ["http://vllm.internal:8000/v1"], "model": "olmocr"},
-        model="allenai/olmOCR-2-7B-1025-FP8",
-        prompt_version="olmocr-v4-yaml",
-        package_version="0.1.0",
-        settings={},
-        input_uri="s3://acme-scans/2025/",
-        output_uri="s3://acme-out/",
-        documents=[_converted(rng, i, CLEAN_RUN) for i in range(100, 106)],
-    )
-    over_budget = Manifest(
-        run_id=BUDGET_RUN,
-        started_at="2025-05-30T08:00:00.000Z",
-        finished_at="2025-05-30T08:01:00.000Z",
-        server={},
-        model="allenai/olmOCR-2-7B-1025-FP8",
-        prompt_version="olmocr-v4-yaml",
-        package_version="0.1.0",
-        settings={"max_failed_document_rate": 0.1},
-        input_uri="s3://acme-scans/2024/",
-        output_uri="s3://acme-out/",
-        documents=[
-            _converted(rng, 200, BUDGET_RUN),
-            *(
-                _failed(f"s3://acme-scans/2024/bad-{i}.pdf", "CorruptPdf", "no trailer", None, 300 + i)
-                for i in range(3)
-            ),
-        ],
-    )
-    return [busy, clean, over_budget]
-
-
-def write_sample_manifests(output: Path) -> list[Manifest]:
-    """Write the sample manifests and one corrupt file under ``output/manifests/``."""
-    manifests = build_manifests()
-    for manifest in manifests:
-        target = Path(manifest_uri(str(output), manifest.run_id))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(manifest.to_json())
+def copy_manifests(runs: RealRuns, output: Path) -> None:
+    """The real runs' manifests, plus one corrupt file, under ``output/manifests/``."""
+    shutil.copytree(runs.output / "manifests", output / "manifests")
     (output / "manifests" / "broken-run.json").write_text('{"run_id": "broken", "documents": [')
-    return manifests
-
-
-def key_of(run_id: str) -> str:
-    return Path(manifest_uri("x", run_id)).stem
 
 
 @pytest.fixture
-def output(tmp_path: Path) -> Path:
-    write_sample_manifests(tmp_path)
+def output(runs: RealRuns, tmp_path: Path) -> Path:
+    copy_manifests(runs, tmp_path)
     return tmp_path
 
 
@@ -176,78 +48,112 @@ def client(output: Path) -> TestClient:
     return TestClient(create_app(str(output)))
 
 
-def test_list_shows_runs_newest_first_with_status_and_counts(client: TestClient) -> None:
+def test_list_shows_runs_newest_first_with_status_and_counts(client: TestClient, runs: RealRuns) -> None:
     response = client.get("/")
     assert response.status_code == 200
     page = response.text
-    positions = [page.index(run_id) for run_id in (CLEAN_RUN, BUSY_RUN, BUDGET_RUN)]
+    order = [DEAD_LETTER_RUN, FAILING_RUN, CLEAN_RUN, runs.airflow_manifest_run_id]
+    positions = [page.index(f">{run_id}<") for run_id in order]
     assert positions == sorted(positions), "runs must be listed newest first by finished_at"
     assert "all converted" in page and "some failed" in page and "failed budget" in page
-    assert f'href="/runs/{quote(key_of(BUSY_RUN))}"' in page
-    assert "2025-06-01 10:20:00 UTC" in page
+    assert f'href="/runs/{quote(runs.key(CLEAN_RUN))}"' in page
 
 
 def test_corrupt_manifest_is_a_note_not_an_error(client: TestClient) -> None:
     page = client.get("/").text
     assert "manifests/broken-run.json could not be read" in page
-    assert client.get("/api/runs").json()["total"] == 3
+    assert client.get("/api/runs").json()["total"] == 4
 
 
-def test_json_api_lists_counts(client: TestClient) -> None:
+def test_json_api_shows_the_counts_and_verdict_each_run_wrote(client: TestClient, runs: RealRuns) -> None:
     body = client.get("/api/runs").json()
-    assert [run["run_id"] for run in body["runs"]] == [CLEAN_RUN, BUSY_RUN, BUDGET_RUN]
-    busy = body["runs"][1]
-    expected = build_manifests()[0].counts()
-    assert busy["counts"]["converted"] == 40 == expected["converted"]
-    assert busy["counts"]["failed"] == 2 and busy["counts"]["skipped"] == 1
-    assert busy["counts"]["pages"] == expected["pages"]
-    assert busy["status"] == "some_failed"
-    assert busy["estimated_cost"] == pytest.approx(2.5 * 1200 / 3600, rel=1e-6)
+    listed = {run["run_id"]: run for run in body["runs"]}
+    for run_id in (CLEAN_RUN, FAILING_RUN, DEAD_LETTER_RUN, runs.airflow_manifest_run_id):
+        written = runs.manifest(run_id)["counts"]
+        assert {key: listed[run_id]["counts"][key] for key in written} == written
+    assert listed[runs.airflow_manifest_run_id]["status"] == "failed_budget"
+    assert listed[FAILING_RUN]["status"] == "some_failed"
+    # Nothing was converted, but a dead letter is a problem to look at, not an empty run.
+    assert listed[DEAD_LETTER_RUN]["status"] == "some_failed"
+    assert listed[CLEAN_RUN]["status"] == "all_converted"
+    cost = runs.manifest(CLEAN_RUN)["metrics"]["cost"]
+    assert listed[CLEAN_RUN]["estimated_cost"] == cost["estimated_cost"] > 0
     assert len(body["notes"]) == 1
     paged = client.get("/api/runs", params={"limit": 1, "offset": 1}).json()
-    assert [run["run_id"] for run in paged["runs"]] == [BUSY_RUN]
+    assert [run["run_id"] for run in paged["runs"]] == [FAILING_RUN]
 
 
-def test_api_run_returns_manifest(client: TestClient) -> None:
-    body = client.get(f"/api/runs/{key_of(BUSY_RUN)}").json()
-    assert body["run_id"] == BUSY_RUN
+def test_counts_are_read_as_written_not_recomputed(output: Path, runs: RealRuns) -> None:
+    """The page shows the manifest's totals even where the entries would sum to something else."""
+    path = output / "manifests" / f"{runs.key(CLEAN_RUN)}.json"
+    data = json.loads(path.read_text())
+    data["counts"]["pages"] = 12345
+    data["documents"] = []
+    path.write_text(json.dumps(data))
+    run = next(r for r in TestClient(create_app(str(output))).get("/api/runs").json()["runs"] if r["key"] == CLEAN_RUN)
+    assert run["counts"]["pages"] == 12345 and run["counts"]["converted"] == 2
+
+
+def test_budget_verdict_comes_from_the_manifest(output: Path, runs: RealRuns) -> None:
+    """A CLI run has no verdict: failures make it "some failed", never "failed budget"."""
+    path = output / "manifests" / f"{runs.key(FAILING_RUN)}.json"
+    data = json.loads(path.read_text())
+    assert data["error_budget"] is None
+    client = TestClient(create_app(str(output)))
+    assert client.get(f"/api/runs/{runs.key(FAILING_RUN)}").json()["error_budget"] is None
+    data["error_budget"] = {"max_document_error_rate": 0.05, "exceeded": True, "problems": ["1 of 2 failed"]}
+    path.write_text(json.dumps(data))
+    statuses = {
+        run["run_id"]: run["status"] for run in TestClient(create_app(str(output))).get("/api/runs").json()["runs"]
+    }
+    assert statuses[FAILING_RUN] == "failed_budget"
+
+
+def test_api_run_returns_manifest(client: TestClient, runs: RealRuns) -> None:
+    body = client.get(f"/api/runs/{runs.key(runs.airflow_manifest_run_id)}").json()
+    assert body == runs.manifest(runs.airflow_manifest_run_id)
     assert client.get("/api/runs/nope").status_code == 404
 
 
-def test_run_page_cards_charts_and_failures(client: TestClient) -> None:
-    response = client.get(f"/runs/{key_of(BUSY_RUN)}")
+def test_run_page_cards_charts_and_failures(client: TestClient, runs: RealRuns) -> None:
+    response = client.get(f"/runs/{runs.key(runs.airflow_manifest_run_id)}")
     assert response.status_code == 200
     page = response.text
-    counts = build_manifests()[0].counts()
-    assert f"{counts['pages']:,}" in page
-    assert "olmocr-v4-yaml" in page and "allenai/olmOCR-2-7B-1025-FP8" in page
+    manifest = runs.manifest(runs.airflow_manifest_run_id)
+    assert f">{manifest['counts']['pages']:,}<" in page
+    assert manifest["prompt_version"] in page and manifest["model"] in page
     assert page.count("<svg") == 4
     for title in ("Pages converted over time", "Page latency distribution", "Failures by error class"):
         assert title in page
     assert "Accepted attempt per page" in page
-    assert "ServerUnavailable" in page and "no successful request for 180 s" in page
-    assert "dead letter" in page
-    # Log links use the Airflow 3 UI form, with /mapped/N only for mapped task instances.
-    assert f'href="/dags/{DAG_ID}/runs/manual__2025-06-01T10%3A00%3A00%2B00%3A00/tasks/convert_batch/mapped/4' in page
-    assert "/tasks/convert_document?" not in page and "/tasks/convert_document/mapped" not in page
-    assert "/tasks/convert_document" in page
+    assert "not_pdf" in page and "no %PDF- header" in page
+    assert "over the budget of 5.0%" in page
+    # Log links use the Airflow 3 UI form, with /mapped/N for the mapped convert instances.
+    run_id = quote(runs.airflow_run_id, safe="")
+    assert f'href="/dags/{DAG_ID}/runs/{run_id}/tasks/convert/mapped/0?try_number=1"' in page
 
 
-def test_everything_rendered_is_escaped(client: TestClient) -> None:
-    for path in ("/", f"/runs/{key_of(BUSY_RUN)}"):
+def test_dead_letters_are_listed(client: TestClient, runs: RealRuns) -> None:
+    page = client.get(f"/runs/{runs.key(DEAD_LETTER_RUN)}").text
+    assert "dead letter" in page and str(runs.cli_input / "corrupt.pdf") in page
+
+
+def test_everything_rendered_is_escaped(client: TestClient, runs: RealRuns) -> None:
+    key = runs.key(runs.airflow_manifest_run_id)
+    for path in ("/", f"/runs/{key}"):
         page = client.get(path).text
         assert XSS not in page
-    page = client.get(f"/runs/{key_of(BUSY_RUN)}").text
-    assert "&lt;script&gt;alert(1)&lt;/script&gt; pdfium could not render page 3" in page
+    page = client.get(f"/runs/{key}").text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;.pdf" in page
 
 
-def test_secrets_are_not_shown(client: TestClient, output: Path) -> None:
-    path = Path(manifest_uri(str(output), CLEAN_RUN))
+def test_secrets_are_not_shown(client: TestClient, output: Path, runs: RealRuns) -> None:
+    path = output / "manifests" / f"{runs.key(CLEAN_RUN)}.json"
     data = json.loads(path.read_text())
     data["server"] = {"base_urls": ["http://user:hunter2@vllm:8000/v1"], "api_key": "sk-live-123456"}
     path.write_text(json.dumps(data))
-    page = client.get(f"/runs/{key_of(CLEAN_RUN)}").text
-    api = client.get(f"/api/runs/{key_of(CLEAN_RUN)}").text
+    page = client.get(f"/runs/{runs.key(CLEAN_RUN)}").text
+    api = client.get(f"/api/runs/{runs.key(CLEAN_RUN)}").text
     for text in (page, api):
         assert "hunter2" not in text and "sk-live-123456" not in text
 
@@ -283,20 +189,20 @@ def test_pagination(output: Path) -> None:
     client = TestClient(create_app(str(output)))
     first = client.get("/", params={"per_page": 2}).text
     second = client.get("/", params={"per_page": 2, "page": 2}).text
-    assert "page 1 of 2" in first and CLEAN_RUN in first and BUDGET_RUN not in first
-    assert BUDGET_RUN in second and CLEAN_RUN not in second
+    assert "page 1 of 2" in first and DEAD_LETTER_RUN in first and CLEAN_RUN not in first
+    assert CLEAN_RUN in second and DEAD_LETTER_RUN not in second
 
 
 def test_output_location_from_environment(output: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OLMOCR_OUTPUT_URI", str(output))
-    assert TestClient(create_app()).get("/api/runs").json()["total"] == 3
+    assert TestClient(create_app()).get("/api/runs").json()["total"] == 4
 
 
 def test_output_location_from_airflow_variable(output: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # AIRFLOW_VAR_* is the environment form of an Airflow Variable; the api-server also reads the DB.
     monkeypatch.delenv("OLMOCR_OUTPUT_URI", raising=False)
     monkeypatch.setenv("AIRFLOW_VAR_OLMOCR_OUTPUT_URI", str(output))
-    assert TestClient(create_app()).get("/api/runs").json()["total"] == 3
+    assert TestClient(create_app()).get("/api/runs").json()["total"] == 4
 
 
 def test_unconfigured_location_explains(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -337,37 +243,42 @@ def test_charts_escape_labels_and_stay_small() -> None:
     ]
 
 
-def test_mounted_under_prefix_links_to_airflow_ui(output: Path) -> None:
+def test_mounted_under_prefix_links_to_airflow_ui(output: Path, runs: RealRuns) -> None:
     from fastapi import FastAPI
 
     root = FastAPI()
     root.mount("/olmocr", create_app(str(output)))
-    page = TestClient(root).get(f"/olmocr/runs/{key_of(BUSY_RUN)}").text
+    page = TestClient(root).get(f"/olmocr/runs/{runs.key(runs.airflow_manifest_run_id)}").text
     assert 'href="/olmocr/"' in page
     assert f'href="/dags/{DAG_ID}/runs/' in page
 
 
-def test_s3_listing(s3_manifests: str) -> None:
+def test_s3_listing(s3_manifests: str, runs: RealRuns) -> None:
     client = TestClient(create_app(s3_manifests))
     body = client.get("/api/runs").json()
-    assert [run["run_id"] for run in body["runs"]] == [CLEAN_RUN, BUSY_RUN, BUDGET_RUN]
+    assert [run["run_id"] for run in body["runs"]] == [
+        DEAD_LETTER_RUN,
+        FAILING_RUN,
+        CLEAN_RUN,
+        runs.airflow_manifest_run_id,
+    ]
     assert len(body["notes"]) == 1
-    page = client.get(f"/runs/{key_of(BUSY_RUN)}")
+    page = client.get(f"/runs/{runs.key(runs.airflow_manifest_run_id)}")
     assert page.status_code == 200 and "<svg" in page.text
 
 
 @pytest.fixture
-def s3_manifests(s3_env: str, s3_bucket: str, tmp_path: Path) -> str:
-    """The sample manifests uploaded to a moto bucket; the app finds moto through AWS_* variables."""
+def s3_manifests(s3_env: str, s3_bucket: str, output: Path) -> str:
+    """The real runs' manifests uploaded to a moto bucket; the app finds moto through AWS_* variables."""
     import boto3
 
     s3 = boto3.client("s3", endpoint_url=s3_env)
-    write_sample_manifests(tmp_path)
-    for path in (tmp_path / "manifests").iterdir():
+    for path in (output / "manifests").iterdir():
         s3.put_object(Bucket=s3_bucket, Key=f"prod/manifests/{path.name}", Body=path.read_bytes())
-    # Objects elsewhere under the output prefix, or not ending in .json, are never read.
+    # Objects elsewhere under the output prefix, below the folder, or not ending in .json, are never read.
     s3.put_object(Bucket=s3_bucket, Key="prod/markdown/a.md", Body=b"# a")
     s3.put_object(Bucket=s3_bucket, Key="prod/manifests/next.json.olmocr-tmp", Body=b"{")
+    s3.put_object(Bucket=s3_bucket, Key="prod/manifests/old/other.json", Body=b"{}")
     return f"s3://{s3_bucket}/prod"
 
 
@@ -433,13 +344,5 @@ def test_airflow_loads_plugin_and_mounts_app(tmp_path: Path, output: Path) -> No
     ).items()
     # Plugin apps are not guarded by the api-server: the plugin adds Airflow's authentication.
     assert report["anonymous"] == 401
-    assert report["status"] == 200 and report["total"] == 3
+    assert report["status"] == 200 and report["total"] == 4
     assert report["page"] == 200
-
-
-def test_budget_verdict_written_by_the_publish_task_marks_the_run() -> None:
-    from olmocr_runs.runs import run_status
-
-    counts = {"documents": 10, "failed": 1, "dead_letters": 0}
-    assert run_status({"error_budget": {"exceeded": True}}, counts) == "failed_budget"
-    assert run_status({"error_budget": {"exceeded": False}}, counts) == "some_failed"

@@ -18,7 +18,8 @@ from urllib.parse import quote
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.test_plugin_app import BUSY_RUN, CLEAN_RUN, XSS, key_of, write_sample_manifests
+from tests.ocr_runs import CLEAN_RUN, DEAD_LETTER_RUN, XSS, RealRuns
+from tests.test_plugin_app import copy_manifests, runs  # noqa: F401 (runs is a fixture)
 
 # tests.test_plugin_app has put plugins/ on sys.path.
 from olmocr_runs import create_app  # isort: skip
@@ -41,12 +42,12 @@ SCREENSHOTS = Path(__file__).resolve().parents[1] / "test-output"
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The app served by uvicorn on a free loopback port, in a background thread."""
+def site(tmp_path_factory: pytest.TempPathFactory, runs: RealRuns) -> Iterator[str]:  # noqa: F811
+    """The app over the real runs' manifests, served by uvicorn on a free loopback port in a thread."""
     import uvicorn
 
     output = tmp_path_factory.mktemp("ocr-output")
-    write_sample_manifests(output)
+    copy_manifests(runs, output)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -99,37 +100,42 @@ def page(browser: Browser, dialogs: list[str]) -> Iterator[Page]:
         context.close()
 
 
-def test_runs_list_in_browser(site: str, page: Page) -> None:
+def test_runs_list_in_browser(site: str, page: Page, runs: RealRuns) -> None:  # noqa: F811
     response = page.goto(f"{site}/")
     assert response is not None and response.status == 200
     expect(page.get_by_role("heading", name="OCR runs")).to_be_visible()
     rows = page.locator("tbody tr")
-    expect(rows).to_have_count(3)
-    # Newest first: the clean run finished last.
-    expect(rows.nth(0)).to_contain_text(CLEAN_RUN)
-    expect(rows.nth(0)).to_contain_text("all converted")
-    busy = rows.nth(1)
-    expect(busy).to_contain_text(BUSY_RUN)
-    expect(busy).to_contain_text("some failed")
-    expect(busy.locator("td").nth(3)).to_have_text("40")
-    expect(busy.locator("td").nth(4)).to_have_text("2")
-    expect(rows.nth(2)).to_contain_text("failed budget")
+    expect(rows).to_have_count(4)
+    # Newest first: the dead-letter rerun finished last.
+    expect(rows.nth(0)).to_contain_text(DEAD_LETTER_RUN)
+    expect(rows.nth(0)).to_contain_text("some failed")
+    clean = rows.nth(2)
+    expect(clean).to_contain_text(CLEAN_RUN)
+    expect(clean).to_contain_text("all converted")
+    counts = runs.manifest(CLEAN_RUN)["counts"]
+    expect(clean.locator("td").nth(3)).to_have_text(str(counts["converted"]))
+    expect(clean.locator("td").nth(6)).to_have_text(str(counts["pages"]))
+    airflow_run = rows.nth(3)
+    expect(airflow_run).to_contain_text(runs.airflow_manifest_run_id)
+    expect(airflow_run).to_contain_text("failed budget")
     expect(page.get_by_text("manifests/broken-run.json could not be read")).to_be_visible()
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "ocr-runs-list.png"), full_page=True)
 
-    page.get_by_role("link", name=BUSY_RUN).click()
-    expect(page).to_have_url(f"{site}/runs/{quote(key_of(BUSY_RUN), safe='')}")
-    expect(page.get_by_role("heading", level=1)).to_contain_text(BUSY_RUN)
+    page.get_by_role("link", name=runs.airflow_manifest_run_id).click()
+    expect(page).to_have_url(f"{site}/runs/{quote(runs.key(runs.airflow_manifest_run_id), safe='')}")
+    expect(page.get_by_role("heading", level=1)).to_contain_text(runs.airflow_manifest_run_id)
 
 
-def test_run_page_in_browser(site: str, page: Page, dialogs: list[str]) -> None:
-    response = page.goto(f"{site}/runs/{quote(key_of(BUSY_RUN), safe='')}")
+def test_run_page_in_browser(site: str, page: Page, dialogs: list[str], runs: RealRuns) -> None:  # noqa: F811
+    response = page.goto(f"{site}/runs/{quote(runs.key(runs.airflow_manifest_run_id), safe='')}")
     assert response is not None and response.status == 200
+    manifest = runs.manifest(runs.airflow_manifest_run_id)
     cards = page.get_by_role("region", name="summary")
     expect(cards).to_contain_text("converted")
-    expect(cards).to_contain_text("allenai/olmOCR-2-7B-1025-FP8")
+    expect(cards).to_contain_text(manifest["model"])
     expect(cards).to_contain_text("p95")
+    expect(page.get_by_role("alert").first).to_contain_text("over the budget of 5.0%")
 
     charts = page.locator("figure svg")
     expect(charts).to_have_count(4)
@@ -144,16 +150,17 @@ def test_run_page_in_browser(site: str, page: Page, dialogs: list[str]) -> None:
     assert box is not None and box["width"] > 300 and box["height"] > 100
 
     table = page.locator("table", has=page.get_by_role("columnheader", name="Error class"))
-    expect(table.locator("tbody tr")).to_have_count(3)
-    expect(table).to_contain_text("ServerUnavailable")
-    expect(table).to_contain_text("dead letter")
-    # The hostile source and error are shown as text, literally; no script ran.
-    expect(table.get_by_text(f"s3://acme-scans/2025/{XSS}.pdf").first).to_be_visible()
-    expect(table.get_by_text(f"{XSS} pdfium could not render page 3").first).to_be_visible()
+    expect(table.locator("tbody tr")).to_have_count(2)
+    expect(table).to_contain_text("not_pdf")
+    # The hostile source is shown as text, literally; no script ran.
+    expect(table.get_by_text(runs.hostile_source).first).to_be_visible()
+    assert XSS in runs.hostile_source
     assert dialogs == []
     assert page.locator("script").count() == 0
     log_link = table.get_by_role("link", name="log").first
-    assert "/dags/olmocr_convert/runs/" in (log_link.get_attribute("href") or "")
+    assert f"/dags/olmocr_ingest/runs/{quote(runs.airflow_run_id, safe='')}/tasks/convert/mapped/0" in (
+        log_link.get_attribute("href") or ""
+    )
 
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "ocr-run-detail.png"), full_page=True)
@@ -164,4 +171,4 @@ def test_unknown_run_in_browser(site: str, page: Page) -> None:
     assert response is not None and response.status == 404
     expect(page.get_by_role("heading", level=1)).to_contain_text("not found")
     page.get_by_role("link", name="All runs").click()
-    expect(page.locator("tbody tr").first).to_contain_text(CLEAN_RUN)
+    expect(page.locator("tbody tr").first).to_contain_text(DEAD_LETTER_RUN)

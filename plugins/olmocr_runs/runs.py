@@ -1,13 +1,13 @@
 """Turn a manifest's JSON into what the pages show, tolerating older, newer or partial manifests.
 
-Manifests are read as plain dicts: stored ``counts`` and ``metrics`` are used as written, and only
-missing figures are recomputed with ``olmocr_tasks.manifest.Manifest``. Unknown fields are ignored
-and missing ones shown as blanks, so a schema change never takes the pages down.
+Manifests are read as plain dicts against ``olmocr_tasks/schemas/manifest.schema.json``: ``counts``,
+``metrics`` and the ``error_budget`` verdict are shown as the run wrote them and never recomputed
+here, so the page and the Airflow run can never disagree. Unknown fields are ignored and missing
+ones shown as blanks, so a schema change never takes the pages down.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from olmocr_tasks.manifest import Manifest
 from olmocr_tasks.redaction import redact_url
 
 COUNT_KEYS = (
@@ -32,6 +31,8 @@ COUNT_KEYS = (
     "server_input_tokens",
     "server_output_tokens",
     "attempts",
+    # Documents whose convert task failed as a whole (written by manifests since the run-folder change).
+    "not_converted",
 )
 METRIC_KEYS = (
     "elapsed_s",
@@ -50,8 +51,6 @@ STATUS_LABELS = {
     "failed_budget": "failed budget",
     "empty": "nothing to convert",
 }
-# Values of an explicit run status that mean the run broke its failure budget.
-_BUDGET_STATUSES = {"failed", "failed_budget", "budget_exceeded"}
 # Words that mark a settings or server field as secret; matched against whole parts of the key so
 # ``max_tokens`` stays visible while ``api_key`` and ``access_token`` do not.
 _SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "credentials", "authorization"}
@@ -88,57 +87,28 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _computed(data: dict[str, Any]) -> Manifest | None:
-    """The manifest model, when the data has enough of the schema to rebuild it."""
-    defaults = {"run_id": "", "started_at": "", "finished_at": "", "model": "", "prompt_version": ""}
-    try:
-        return Manifest.from_dict({**defaults, **data})
-    except Exception:
-        return None
-
-
 def counts_of(data: dict[str, Any]) -> dict[str, int]:
+    """The manifest's ``counts`` as written; a count an older manifest lacks reads as 0."""
     stored = data.get("counts") if isinstance(data.get("counts"), dict) else {}
-    counts = {key: _int(stored[key]) for key in COUNT_KEYS if key in stored}
-    if len(counts) < len(COUNT_KEYS) and (model := _computed(data)) is not None:
-        with contextlib.suppress(Exception):
-            counts = {**model.counts(), **counts}
-    return {key: counts.get(key, 0) for key in COUNT_KEYS}
+    return {key: _int(stored.get(key)) for key in COUNT_KEYS}
 
 
 def metrics_of(data: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``metrics`` as written; a metric it lacks is None (shown as a blank)."""
     stored = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
-    metrics = {key: stored[key] for key in METRIC_KEYS if key in stored}
-    if len(metrics) < len(METRIC_KEYS) and (model := _computed(data)) is not None:
-        # e.g. no parseable timestamps: keep what was stored
-        with contextlib.suppress(Exception):
-            metrics = {**model.metrics(), **metrics}
-    return {key: metrics.get(key) for key in METRIC_KEYS}
+    return {key: stored.get(key) for key in METRIC_KEYS}
 
 
 def run_status(data: dict[str, Any], counts: dict[str, int]) -> str:
     """all_converted / some_failed / failed_budget / empty.
 
-    The budget verdict comes from the manifest's ``error_budget.exceeded`` (written by the Airflow
-    publish task), an explicit ``status`` or ``budget_exceeded`` field, else from a run-level
-    threshold in ``settings`` (``max_failed_documents`` as a count or ``max_failed_document_rate`` as a
-    fraction of documents) when one is configured.
+    Over budget only when the manifest's ``error_budget`` verdict says so: the publish task judges
+    the budget once (``Manifest.judge_error_budget``) and writes it there. CLI runs have no verdict.
     """
     budget = data.get("error_budget")
     if isinstance(budget, dict) and budget.get("exceeded") is True:
         return "failed_budget"
-    status = data.get("status")
-    if (isinstance(status, str) and status.lower() in _BUDGET_STATUSES) or data.get("budget_exceeded") is True:
-        return "failed_budget"
-    failed = counts["failed"]
-    settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
-    max_failed = settings.get("max_failed_documents")
-    max_rate = _float(settings.get("max_failed_document_rate"))
-    if isinstance(max_failed, int) and not isinstance(max_failed, bool) and failed > max_failed:
-        return "failed_budget"
-    if max_rate is not None and counts["documents"] and failed / counts["documents"] > max_rate:
-        return "failed_budget"
-    if failed or counts["dead_letters"]:
+    if counts["failed"] or counts["dead_letters"]:
         return "some_failed"
     if not counts["documents"]:
         return "empty"
@@ -261,6 +231,8 @@ class RunDetail:
     page_latencies: list[float]
     failures_by_class: list[tuple[str, int]]
     attempt_histogram: list[tuple[str, int]]
+    # The publish task's verdict: why the run counts as failed (empty within budget or for CLI runs).
+    budget_problems: list[str] = field(default_factory=list)
 
 
 def _entries(data: dict[str, Any], field_name: str) -> list[dict[str, Any]]:
@@ -285,29 +257,13 @@ def _problem(kind: str, entry: dict[str, Any], airflow_base: str) -> ProblemRow:
 def progress_points(data: dict[str, Any], elapsed_s: float | None) -> tuple[list[tuple[float, float]], str]:
     """Cumulative converted pages against seconds since the run started, and how they were derived.
 
-    Documents carry no start time, only how long each took, and many run concurrently. When every
-    converted document has a ``finished_at`` stamp, those are used. Otherwise the documents are
-    taken in manifest order and each is placed on the run's wall clock in proportion to the share
-    of all conversion seconds spent up to and including it: the curve's end points are exact, its
-    shape an estimate.
+    Documents carry no start or finish time, only how long each took, and many run concurrently.
+    So the documents are taken in manifest order and each is placed on the run's wall clock in
+    proportion to the share of all conversion seconds spent up to and including it: the curve's end
+    points are exact, its shape an estimate.
     """
     documents = _entries(data, "documents")
-    converted = [doc for doc in documents if doc.get("status") == "converted"]
-    started = parse_time(data.get("started_at"))
-    stamps = [parse_time(doc.get("finished_at")) for doc in converted]
-    if converted and started and all(stamps):
-        timeline = sorted(
-            ((stamp - started).total_seconds(), _int(doc.get("pages")))
-            for stamp, doc in zip(stamps, converted, strict=True)
-            if stamp is not None
-        )
-        points, total = [(0.0, 0.0)], 0
-        for at, pages in timeline:
-            total += pages
-            points.append((max(at, 0.0), float(total)))
-        return points, "Each point is a document's recorded finish time."
-
-    if not converted:
+    if not any(doc.get("status") == "converted" for doc in documents):
         return [], "No document was converted in this run."
     seconds = [max(_float(doc.get("seconds")) or 0.0, 0.0) for doc in documents]
     busy = sum(seconds)
@@ -321,9 +277,8 @@ def progress_points(data: dict[str, Any], elapsed_s: float | None) -> tuple[list
             pages_total += _int(doc.get("pages"))
             points.append((round(wall * fraction, 3), float(pages_total)))
     return points, (
-        "Estimated: the manifest has no per-document timestamps, so documents are placed on the "
-        "run's wall clock in manifest order, in proportion to their conversion seconds. "
-        "The final total is exact."
+        "Estimated: documents are placed on the run's wall clock in manifest order, in proportion "
+        "to their conversion seconds. The final total is exact."
     )
 
 
@@ -367,6 +322,8 @@ def build_detail(key: str, data: dict[str, Any], airflow_base: str = "") -> RunD
     cost = metrics.get("cost") if isinstance(metrics.get("cost"), dict) else None
     server = data.get("server")
     settings = data.get("settings")
+    budget = data.get("error_budget") if isinstance(data.get("error_budget"), dict) else {}
+    budget_problems = budget.get("problems") if isinstance(budget.get("problems"), list) else []
     return RunDetail(
         summary=summary,
         metrics=metrics,
@@ -385,4 +342,5 @@ def build_detail(key: str, data: dict[str, Any], airflow_base: str = "") -> RunD
         page_latencies=latencies,
         failures_by_class=sorted(failure_classes.items(), key=lambda item: (-item[1], item[0])),
         attempt_histogram=attempts,
+        budget_problems=[_text(problem) for problem in budget_problems] if budget.get("exceeded") is True else [],
     )

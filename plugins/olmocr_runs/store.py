@@ -1,4 +1,7 @@
-"""Find and read run manifests under ``OUTPUT/manifests/`` on a local folder or any fsspec URL (s3://).
+"""Find and read run manifests under ``OUTPUT/manifests/`` through ``olmocr_tasks.storage.Storage``.
+
+Local folders, ``file://`` and ``s3://`` locations are read exactly as the engine writes them, with
+the engine's retries, error translation and credential scrubbing.
 
 The pages only ever read ``*.json`` objects directly inside that folder. A run is looked up by the
 name of a file the listing returned, never by a path built from the request, so a crafted run id
@@ -14,9 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import fsspec
-
+from olmocr_tasks.errors import StorageError, UnreadableSourceError
 from olmocr_tasks.manifest import MANIFESTS_DIR
+from olmocr_tasks.storage import Storage
+from olmocr_tasks.uri import join_uri
 
 from .runs import RunSummary, summarize
 
@@ -36,7 +40,7 @@ class ManifestFile:
     """One ``manifests/<key>.json`` object as listed."""
 
     key: str
-    path: str
+    uri: str
     # Changes whenever the object changes (size plus ETag or modification time): the cache key.
     version: str
 
@@ -53,43 +57,35 @@ class Listing:
 class ManifestStore:
     """Lists and reads the manifests of one output location, caching each file's summary by version."""
 
-    def __init__(self, output_uri: str) -> None:
+    def __init__(self, output_uri: str, storage: Storage | None = None) -> None:
         self.output_uri = output_uri
-        # A private instance: fsspec shares cached instances by arguments only, so one created earlier
-        # with other credentials or endpoint would otherwise be reused.
-        self._fs, root = fsspec.core.url_to_fs(output_uri, skip_instance_cache=True)
-        self._dir = f"{root.rstrip('/')}/{MANIFESTS_DIR}"
+        # Without options Storage reads AWS_* and the usual credential chain, as the engine does.
+        self._storage = storage or Storage()
+        self._dir = join_uri(output_uri, MANIFESTS_DIR)
         self._lock = threading.Lock()
         self._summaries: dict[str, tuple[str, RunSummary | str]] = {}
 
     @property
     def display_dir(self) -> str:
-        return f"{self.output_uri.rstrip('/')}/{MANIFESTS_DIR}/"
+        return f"{self._dir.rstrip('/')}/"
 
     def list_files(self) -> list[ManifestFile]:
         """The manifest files now present; an absent folder means no run has finished yet."""
-        # s3fs caches listings per instance; a new run's manifest must show up on the next reload.
-        self._fs.invalidate_cache(self._dir)
-        try:
-            entries = self._fs.ls(self._dir, detail=True)
-        except FileNotFoundError:
-            return []
+        prefix = self.display_dir
         files = []
-        for info in entries:
-            path = str(info.get("name", ""))
-            name = path.rsplit("/", 1)[-1]
-            if info.get("type") != "file" or not name.endswith(".json") or name.startswith("."):
+        for info in self._storage.list_objects(self._dir):
+            name = info.uri[len(prefix) :] if info.uri.startswith(prefix) else ""
+            # Only files directly in the folder; temp files of an in-flight write are never listed.
+            if not name or "/" in name or not name.endswith(".json") or name.startswith("."):
                 continue
-            version_token = info.get("ETag") or info.get("mtime") or info.get("LastModified") or ""
-            version = f"{info.get('size')}:{version_token}"
-            files.append(ManifestFile(key=name.removesuffix(".json"), path=path, version=version))
+            version = f"{info.size}:{info.etag or info.last_modified.isoformat()}"
+            files.append(ManifestFile(key=name.removesuffix(".json"), uri=info.uri, version=version))
         return files
 
     def read(self, manifest: ManifestFile) -> dict[str, Any]:
         try:
-            with self._fs.open(manifest.path, "rb") as handle:
-                data = json.load(handle)
-        except (OSError, ValueError) as exc:
+            data = json.loads(self._storage.read_bytes(manifest.uri))
+        except (StorageError, UnreadableSourceError, ValueError) as exc:
             raise ManifestReadError(f"{type(exc).__name__}: {exc}") from exc
         if not isinstance(data, dict):
             raise ManifestReadError(f"expected a JSON object, found {type(data).__name__}")
@@ -108,19 +104,19 @@ class ManifestStore:
 
         with self._lock:
             cached = {path: entry for path, entry in self._summaries.items()}
-        stale = [f for f in files if cached.get(f.path, ("",))[0] != f.version]
+        stale = [f for f in files if cached.get(f.uri, ("",))[0] != f.version]
         if stale:
             with ThreadPoolExecutor(max_workers=min(_READ_WORKERS, len(stale))) as pool:
                 for manifest, result in zip(stale, pool.map(self._summarize, stale), strict=True):
-                    cached[manifest.path] = (manifest.version, result)
-        present = {f.path for f in files}
+                    cached[manifest.uri] = (manifest.version, result)
+        present = {f.uri for f in files}
         with self._lock:
             # Forget deleted files so the cache never outgrows the folder.
             self._summaries = {path: entry for path, entry in cached.items() if path in present}
 
         listing = Listing()
         for manifest in files:
-            result = cached[manifest.path][1]
+            result = cached[manifest.uri][1]
             if isinstance(result, str):
                 listing.notes.append(result)
             else:
@@ -133,8 +129,8 @@ class ManifestStore:
         try:
             return summarize(manifest.key, self.read(manifest))
         except ManifestReadError as exc:
-            log.warning("Skipping unreadable manifest %s: %s", manifest.path, exc)
+            log.warning("Skipping unreadable manifest %s: %s", manifest.uri, exc)
             return f"{MANIFESTS_DIR}/{manifest.key}.json could not be read ({exc}); it is left out."
         except Exception as exc:  # a manifest of an unexpected shape must not break the list
-            log.exception("Skipping manifest %s", manifest.path)
+            log.exception("Skipping manifest %s", manifest.uri)
             return f"{MANIFESTS_DIR}/{manifest.key}.json has an unexpected shape ({type(exc).__name__}: {exc})."
