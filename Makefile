@@ -1,6 +1,7 @@
 # Two set-up commands: `make demo` runs the ingestion DAG end to end on the sample PDFs with the local
 # CPU OCR engine; `make test` runs the whole test suite. Both create the virtualenv themselves and
-# install the Debian packages they need (tesseract-ocr; chromium for the browser test) with apt.
+# install the Debian packages they need (tesseract-ocr; chromium for the browser test; postgresql and
+# redis-server when no PostgreSQL / Redis answers on 127.0.0.1, for the deployment tests) with apt.
 
 PYTHON ?= python3
 VENV := .venv
@@ -8,19 +9,24 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test up bench lint clean prerequisites system-packages
+.PHONY: demo test up up-cluster bench lint clean prerequisites system-packages
 
 demo: prerequisites $(STAMP)
 	@scripts/system-packages.sh tesseract-ocr
 	$(BIN)/python scripts/demo.py
 
 test: prerequisites $(STAMP)
-	@scripts/system-packages.sh tesseract-ocr chromium
+	@scripts/system-packages.sh tesseract-ocr chromium $$(scripts/service-packages.sh)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 up: prerequisites $(STAMP)
 	@scripts/system-packages.sh tesseract-ocr
 	$(BIN)/python scripts/up.py
+
+# The multi-process Celery deployment the deployment tests run, on the local PostgreSQL and Redis.
+up-cluster: prerequisites $(STAMP)
+	@scripts/system-packages.sh tesseract-ocr $$(scripts/service-packages.sh)
+	$(BIN)/python scripts/up.py --cluster
 
 bench: prerequisites $(STAMP)
 	$(BIN)/python bench/run_all.py
@@ -40,4 +46,4 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) .airflow demo-output test-output .pytest_cache
+	rm -rf $(VENV) .airflow .airflow-cluster demo-output test-output .pytest_cache

@@ -2,7 +2,7 @@
 # Install the Debian packages given as arguments when their programs are missing (apt-get, as root or
 # through sudo). Says what it installs; fails with a clear message where apt is not available.
 set -u
-declare -A program=([tesseract-ocr]=tesseract [chromium]=chromium [python3-venv]=)
+declare -A program=([tesseract-ocr]=tesseract [chromium]=chromium [python3-venv]= [redis-server]=redis-server [postgresql]=)
 missing=()
 for pkg in "$@"; do
   bin=${program[$pkg]-}

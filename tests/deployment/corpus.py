@@ -6,14 +6,33 @@ names), never task return values.
 
 from __future__ import annotations
 
+import io
 import json
+import random
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from pypdf import PdfReader, PdfWriter
+
 from olmocr_tasks.manifest import manifest_uri
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
 from tests.pdfgen import text_pdf
+
+
+def padded_pdf(pages: int, doc_id: int, min_bytes: int = 0) -> bytes:
+    """``text_pdf`` grown to at least ``min_bytes`` by an incompressible attachment (not rendered).
+
+    Batching packs small files together; a large file gets a convert instance of its own.
+    """
+    data = text_pdf(pages, doc_id)
+    if len(data) >= min_bytes:
+        return data
+    writer = PdfWriter(clone_from=PdfReader(io.BytesIO(data)))
+    writer.add_attachment("padding.bin", random.Random(doc_id).randbytes(min_bytes - len(data)))
+    buffer = io.BytesIO()
+    writer.write(buffer)
+    return buffer.getvalue()
 
 
 def split_s3(uri: str) -> tuple[str, str]:
@@ -40,13 +59,21 @@ class Bucket:
     def uri(self, key: str) -> str:
         return f"s3://{self.name}/{key}"
 
-    def put_pdf(self, key: str, *, pages: int = 1, doc_id: int = 1, last_modified: datetime | None = None) -> str:
+    def put_pdf(
+        self,
+        key: str,
+        *,
+        pages: int = 1,
+        doc_id: int = 1,
+        last_modified: datetime | None = None,
+        min_bytes: int = 0,
+    ) -> str:
         """Upload a generated PDF whose pages carry ``doc_id``'s marker; optionally backdate it.
 
         S3 gives no way to set LastModified; the moto server runs in this process, so its stored
         object is backdated directly, as if it had been uploaded then.
         """
-        self.s3.put_object(Bucket=self.name, Key=key, Body=text_pdf(pages, doc_id))
+        self.s3.put_object(Bucket=self.name, Key=key, Body=padded_pdf(pages, doc_id, min_bytes))
         if last_modified is not None:
             self.backdate(key, last_modified)
         return self.uri(key)

@@ -32,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -182,12 +183,19 @@ class Postgres:
 
     @classmethod
     def local_or_throwaway(cls, work_dir: Path) -> Postgres:
-        if answers(*LOCAL_POSTGRES):
-            return cls(*LOCAL_POSTGRES)
-        data_dir = work_dir / "postgres"
-        data_dir.mkdir(parents=True)
+        return cls(*LOCAL_POSTGRES) if answers(*LOCAL_POSTGRES) else cls.throwaway(work_dir)
+
+    @classmethod
+    def throwaway(cls, work_dir: Path) -> Postgres:
+        """A server of our own: a new data directory under ``work_dir``, a free port, trust auth."""
         if os.geteuid() == 0:
+            # The server runs as postgres, which cannot enter root's private folders: a folder of
+            # its own in the system temp directory instead.
+            data_dir = Path(tempfile.mkdtemp(prefix="olmocr-postgres-"))
             shutil.chown(data_dir, "postgres")
+        else:
+            data_dir = work_dir / "postgres"
+            data_dir.mkdir(parents=True)
         port = free_port()
         subprocess.run(
             _as_postgres_user([_postgres_binary("initdb"), "-D", str(data_dir), "-U", "postgres", "--auth=trust"]),
@@ -227,8 +235,20 @@ class Postgres:
         finally:
             connection.close()
 
-    def create_database(self, name: str) -> None:
-        self._execute(f'CREATE DATABASE "{name}"')
+    def create_database(self, name: str) -> bool:
+        """Create ``name`` unless it exists; True when it was created."""
+        import psycopg2
+
+        connection = psycopg2.connect(host=self.host, port=self.port, user="postgres", dbname="postgres")
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+                exists = cursor.fetchone() is not None
+        finally:
+            connection.close()
+        if not exists:
+            self._execute(f'CREATE DATABASE "{name}"')
+        return not exists
 
     def drop_database(self, name: str) -> None:
         self._execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -240,6 +260,7 @@ class Postgres:
                 check=False,
                 capture_output=True,
             )
+            shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
 @dataclass
@@ -252,8 +273,11 @@ class Redis:
 
     @classmethod
     def local_or_throwaway(cls, work_dir: Path) -> Redis:
-        if answers(*LOCAL_REDIS):
-            return cls(*LOCAL_REDIS)
+        return cls(*LOCAL_REDIS) if answers(*LOCAL_REDIS) else cls.throwaway(work_dir)
+
+    @classmethod
+    def throwaway(cls, work_dir: Path) -> Redis:
+        """A server of our own on a free port, keeping nothing on disk."""
         binary = shutil.which("redis-server")
         if not binary:
             raise DeploymentError(
@@ -292,7 +316,9 @@ class ClusterSettings:
     # None: a fresh database named after the session, dropped at stop().
     database: str | None = None
     drop_database: bool = True
-    admin_password: str | None = None
+    # Keep the fernet key, JWT secret and admin password in work_dir/secrets.json across starts
+    # (a kept database needs the same fernet key; users keep their login).
+    persistent_secrets: bool = False
 
 
 class AirflowCluster:
@@ -306,7 +332,8 @@ class AirflowCluster:
         self.token = uuid.uuid4().hex[:10]
         self.database = settings.database or f"olmocr_test_{self.token}"
         self.api_port = settings.api_port or free_port()
-        self.admin_password = settings.admin_password or secrets.token_urlsafe(12)
+        self._secrets = self._load_secrets()
+        self.admin_password = self._secrets["admin"]
         # Tasks go to a queue of their own, so another deployment sharing the Redis never takes them.
         self.queue = f"olmocr-{self.token}"
         self.processes: dict[str, Process] = {}
@@ -324,16 +351,26 @@ class AirflowCluster:
 
     # -------------------------------------------------------------------------- environment
 
-    def env(self) -> dict[str, str]:
-        assert self.postgres is not None and self.redis is not None
+    def _load_secrets(self) -> dict[str, str]:
         from cryptography.fernet import Fernet
 
-        if not hasattr(self, "_secrets"):
-            self._secrets = {
-                "fernet": Fernet.generate_key().decode(),
-                "jwt": secrets.token_urlsafe(32),
-                "api": secrets.token_urlsafe(32),
-            }
+        path = self.work_dir / "secrets.json"
+        if self.settings.persistent_secrets and path.exists():
+            return json.loads(path.read_text())
+        values = {
+            "fernet": Fernet.generate_key().decode(),
+            "jwt": secrets.token_urlsafe(32),
+            "api": secrets.token_urlsafe(32),
+            "admin": secrets.token_urlsafe(12),
+        }
+        if self.settings.persistent_secrets:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(values))
+            path.chmod(0o600)
+        return values
+
+    def env(self) -> dict[str, str]:
+        assert self.postgres is not None and self.redis is not None
         inherited = {key: value for key, value in os.environ.items() if not key.startswith(("AIRFLOW", "OLMOCR_"))}
         # The components are started by path, and they start further `airflow` processes by name.
         bin_dir = str(Path(sys.executable).parent)
@@ -412,8 +449,7 @@ class AirflowCluster:
         (self.home / "passwords.json").write_text(json.dumps({ADMIN_USER: self.admin_password}))
         self.postgres = Postgres.local_or_throwaway(self.work_dir)
         self.redis = Redis.local_or_throwaway(self.work_dir)
-        self.postgres.create_database(self.database)
-        self._created_database = True
+        self._created_database = self.postgres.create_database(self.database)
         self.airflow("db", "migrate")
         self.airflow("pools", "set", POOL, str(self.settings.pool_slots), "vLLM capacity of this deployment")
         self._launch("api-server", ["api-server"])
