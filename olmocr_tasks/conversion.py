@@ -8,7 +8,8 @@ sit on local disk (not in memory) until they are done.
 Each document ends as a ``DocumentEntry``: ``converted`` (outputs written), ``skipped`` (identical
 content already converted with the same model and prompt) or ``failed`` with a typed error class.
 Infrastructure errors (server unavailable, storage down) abort the whole call instead: nothing is
-recorded for documents that did not finish, so a retry converts them.
+recorded for documents that did not finish, so a retry converts them, sending only the pages that
+were not saved as they completed (``page_store``).
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ from olmocr_tasks.errors import (
     ErrorRateExceededError,
     InfrastructureError,
     RenderError,
+    StorageError,
     TooLargeError,
     UnreadableSourceError,
 )
 from olmocr_tasks.ledger import Ledger
 from olmocr_tasks.manifest import DocumentEntry
 from olmocr_tasks.outputs import write_document_outputs
+from olmocr_tasks.page_store import PageStore
 from olmocr_tasks.pages import PageConverter
 from olmocr_tasks.progress import ProgressReporter
 from olmocr_tasks.protocol import PROMPT_VERSION, RequestBodyBuilder
@@ -112,6 +115,9 @@ class ConversionEngine:
         self._output_uri = output_uri
         self._run_id = run_id
         self._ledger = ledger
+        # Accepted pages are saved beside the ledger's state as they complete, so a document whose
+        # process dies resumes with its missing pages only.
+        self._page_store = PageStore(ledger.storage, ledger.state_uri) if ledger is not None else None
         self._progress = progress
         self._reprocess = reprocess
         self._task_context = task_context
@@ -195,6 +201,7 @@ class ConversionEngine:
                 else:
                     entry.skip_reason, entry.duplicate_of = "duplicate_content", converted_from
                 await self._remember_done(source, entry)
+                await self._discard_saved_pages(entry.sha256)
                 return entry
             assert claim is not None
             try:
@@ -219,6 +226,7 @@ class ConversionEngine:
                 self._content_in_progress.pop(entry.sha256, None)
             entry.status = "converted"
             await self._remember_done(source, entry)
+            await self._discard_saved_pages(entry.sha256)
         except DocumentError as exc:
             entry.error_class, entry.error = exc.error_class, str(exc) or exc.__class__.__name__
             await self._remember_failure(source, entry)
@@ -252,13 +260,18 @@ class ConversionEngine:
         await admission.pages_known(info.page_count)
         if self._progress:
             self._progress.document_started(source.uri, info.page_count)
+        saved = await self._saved_pages(source, entry.sha256 or "", info.page_count)
 
         fallbacks = 0
         rate = self.settings.max_page_error_rate
 
         async def page(index: int) -> PageResult:
             nonlocal fallbacks
-            result = await self._pages.convert(path, index)
+            result = saved.get(index + 1)
+            if result is None:
+                result = await self._pages.convert(path, index)
+                if not result.is_fallback and info.page_count > 1:
+                    await self._save_page(entry.sha256 or "", result)
             await admission.page_done()
             if self._progress:
                 self._progress.page_done(result)
@@ -352,6 +365,31 @@ class ConversionEngine:
                     duplicate_of=entry.duplicate_of,
                 )
             )
+
+    async def _saved_pages(self, source: SourceDocument, sha256: str, page_count: int) -> dict[int, PageResult]:
+        if self._page_store is None or page_count < 2:
+            return {}
+        saved = await asyncio.to_thread(self._page_store.load, sha256, page_count)
+        if saved:
+            log.info("%s: resuming with %d of %d pages saved by an earlier attempt", source.uri, len(saved), page_count)
+        return saved
+
+    async def _save_page(self, sha256: str, page: PageResult) -> None:
+        if self._page_store is None:
+            return
+        try:
+            await asyncio.to_thread(self._page_store.save, sha256, page)
+        except StorageError as exc:
+            # Saving only spares a rerun some pages; this run's outputs do not depend on it.
+            log.warning("could not save page %d for resuming: %s", page.page_number, exc)
+
+    async def _discard_saved_pages(self, sha256: str | None) -> None:
+        # The outputs are committed: the document will never resume from these pages again.
+        if self._page_store is not None and sha256:
+            try:
+                await asyncio.to_thread(self._page_store.discard, sha256)
+            except StorageError as exc:
+                log.warning("could not remove the saved pages of %s: %s", sha256, exc)
 
     async def _remember_failure(self, source: SourceDocument, entry: DocumentEntry) -> None:
         if self._ledger is not None:
