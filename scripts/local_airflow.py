@@ -1,6 +1,8 @@
 """An embedded Airflow for this checkout: SQLite metadata and logs under ``.airflow/`` (git-ignored).
 
-Shared by ``make demo`` and ``make up`` so both see the same database, pool and connections.
+Shared by ``make demo`` and ``make up`` so both see the same database, pool and connections. Input and
+output default to ``examples/`` and ``demo-output/``; ``OLMOCR_INPUT_URI`` / ``OLMOCR_OUTPUT_URI`` in
+the environment replace them (a local folder or ``s3://bucket/prefix/``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 AIRFLOW_HOME = ROOT / ".airflow"
 POOL = "olmocr_vllm"
+# Airflow's own commands live beside this interpreter; they start further `airflow` processes by
+# name, so that folder goes first on PATH (a `make` target does not activate the virtualenv).
+BIN_DIR = Path(sys.executable).parent
+
+
+def input_uri() -> str:
+    return os.environ.get("OLMOCR_INPUT_URI") or str(ROOT / "examples")
+
+
+def output_uri() -> str:
+    return os.environ.get("OLMOCR_OUTPUT_URI") or str(ROOT / "demo-output")
+
+
+def vllm_connection(vllm_url: str, model: str | None) -> str:
+    """``AIRFLOW_CONN_OLMOCR_VLLM`` for a server at ``vllm_url`` (``http://host:port/v1``)."""
+    return json.dumps({"conn_type": "olmocr_vllm", "host": vllm_url, "extra": {"model": model} if model else {}})
 
 
 def airflow_env(vllm_url: str | None = None, model: str | None = None) -> dict[str, str]:
@@ -27,29 +45,19 @@ def airflow_env(vllm_url: str | None = None, model: str | None = None) -> dict[s
             # Small machines: a few worker processes are plenty for one GPU-less engine.
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__API__HOST": "127.0.0.1",
-            "OLMOCR_INPUT_URI": str(ROOT / "examples"),
-            "OLMOCR_OUTPUT_URI": str(ROOT / "demo-output"),
-            "PYTHONPATH": str(ROOT),
+            "OLMOCR_INPUT_URI": input_uri(),
+            "OLMOCR_OUTPUT_URI": output_uri(),
+            "PATH": os.pathsep.join([str(BIN_DIR), os.environ.get("PATH", "")]),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
     )
     if vllm_url:
-        scheme, rest = vllm_url.split("://", 1)
-        hostport = rest.split("/", 1)[0]
-        host, port = hostport.rsplit(":", 1)
-        env["AIRFLOW_CONN_OLMOCR_VLLM"] = json.dumps(
-            {
-                "conn_type": "olmocr_vllm",
-                "host": host,
-                "port": int(port),
-                "schema": scheme,
-                "extra": {"model": model} if model else {},
-            }
-        )
+        env["AIRFLOW_CONN_OLMOCR_VLLM"] = vllm_connection(vllm_url, model)
     return env
 
 
 def airflow(*args: str, env: dict[str, str], quiet: bool = True) -> subprocess.CompletedProcess[str]:
-    command = [str(Path(sys.executable).parent / "airflow"), *args]
+    command = [str(BIN_DIR / "airflow"), *args]
     result = subprocess.run(command, env=env, text=True, capture_output=quiet, check=False)
     if result.returncode != 0:
         if quiet:

@@ -1,59 +1,166 @@
-"""`make up`: embedded Airflow with its UI on 127.0.0.1, the CPU OCR engine, pool and connections ready.
+"""`make up` / `make up-cluster`: Airflow with its UI on 127.0.0.1:8080, the CPU OCR engine, pool and connections.
 
-Stop with Ctrl-C. The login is printed once the api-server has generated it.
+    make up            embedded: `airflow standalone` (SQLite, LocalExecutor) in .airflow/
+    make up-cluster    the deployment the tests run: api-server, scheduler, dag-processor, triggerer and
+                       two Celery workers, each its own process, on the local PostgreSQL and Redis
+                       (database olmocr_airflow, kept between starts; state in .airflow-cluster/)
+
+The login is printed once the UI answers and the scheduler, triggerer and dag-processor report
+healthy. Ctrl-C or SIGTERM stops everything it started. ``OLMOCR_INPUT_URI`` / ``OLMOCR_OUTPUT_URI``
+choose the DAGs' default input and output (default ``examples/`` and ``demo-output/``);
+``AIRFLOW__API__PORT`` the UI port; ``OLMOCR_CPU_ENGINE_PORT`` the engine's.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import httpx
 
-from local_airflow import AIRFLOW_HOME, airflow_env, prepare
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+from local_airflow import AIRFLOW_HOME, ROOT, airflow_env, input_uri, output_uri, prepare, vllm_connection
 
 from olmocr_tasks.cpu_engine import CPU_ENGINE_MODEL
+from tests.deployment.harness import (
+    ADMIN_USER,
+    AirflowCluster,
+    ClusterSettings,
+    DeploymentError,
+    Process,
+    start_process,
+)
 
 ENGINE_PORT = int(os.environ.get("OLMOCR_CPU_ENGINE_PORT", "8011"))
 UI_PORT = int(os.environ.get("AIRFLOW__API__PORT", "8080"))
+CLUSTER_DIR = ROOT / ".airflow-cluster"
+CLUSTER_DATABASE = "olmocr_airflow"
+# Importing Airflow in each component takes a while on a small, busy machine.
+START_TIMEOUT_S = 600
 
 
-def main() -> int:
-    engine = subprocess.Popen(
-        [sys.executable, "-m", "olmocr_tasks.cli", "serve-cpu", "--host", "127.0.0.1", "--port", str(ENGINE_PORT)]
-    )
-    env = airflow_env(vllm_url=f"http://127.0.0.1:{ENGINE_PORT}/v1", model=CPU_ENGINE_MODEL)
+def _stop_on_sigterm() -> None:
+    # SIGTERM unwinds like Ctrl-C, through the finally blocks that stop every process.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def start_engine(log_dir: Path) -> Process:
+    command = [sys.executable, "-m", "olmocr_tasks.cli", "serve-cpu", "--host", "127.0.0.1", "--port", str(ENGINE_PORT)]
+    engine = start_process("cpu-engine", command, os.environ, log_dir)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{ENGINE_PORT}/v1/models", timeout=5).status_code == 200:
+                return engine
+        except httpx.HTTPError:
+            pass
+        if not engine.alive or time.monotonic() > deadline:
+            engine.stop()
+            raise DeploymentError(f"the CPU OCR engine did not start; see {engine.log}")
+        time.sleep(0.5)
+
+
+def healthy(port: int) -> bool:
+    try:
+        health = httpx.get(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        return False
+    parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+    return all((health.get(part) or {}).get("status") == "healthy" for part in parts)
+
+
+def print_ready(port: int, login: str, topology: str) -> None:
+    print(f"\nAirflow UI ({topology}): http://127.0.0.1:{port}  login: {login}", flush=True)
+    print(f"DAGs read {input_uri()} and write {output_uri()} (OLMOCR_INPUT_URI / OLMOCR_OUTPUT_URI).")
+    print("DAGs start paused: unpause olmocr_ingest in the UI, or trigger it with the form. Ctrl-C stops.", flush=True)
+
+
+def run_embedded(engine_url: str) -> int:
+    env = airflow_env(vllm_url=engine_url, model=CPU_ENGINE_MODEL)
     env["AIRFLOW__API__PORT"] = str(UI_PORT)
     prepare(env)
-    airflow = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "standalone"], env=env)
+    log_dir = AIRFLOW_HOME / "logs"
+    airflow = start_process("standalone", [str(Path(sys.executable).parent / "airflow"), "standalone"], env, log_dir)
+    print(f"starting airflow standalone (log: {airflow.log.relative_to(ROOT)}) ...", flush=True)
     passwords = AIRFLOW_HOME / "simple_auth_manager_passwords.json.generated"
     try:
-        for _ in range(120):
-            if passwords.exists() or airflow.poll() is not None:
-                break
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (healthy(UI_PORT) and passwords.exists()):
+            if not airflow.alive:
+                print(f"error: airflow standalone exited; see {airflow.log}", file=sys.stderr)
+                return 1
+            if time.monotonic() > deadline:
+                print(f"error: Airflow was not healthy after {START_TIMEOUT_S} s; see {airflow.log}", file=sys.stderr)
+                return 1
             time.sleep(1)
-        if passwords.exists():
-            logins = json.loads(passwords.read_text())
-            login = ", ".join(f"{user} / {password}" for user, password in logins.items())
-            print(f"\nAirflow UI: http://127.0.0.1:{UI_PORT}  login: {login}")
-            print("DAGs start paused: unpause olmocr_ingest in the UI, or trigger it with the form.")
-        return airflow.wait()
+        logins = json.loads(passwords.read_text())
+        print_ready(UI_PORT, ", ".join(f"{user} / {password}" for user, password in logins.items()), "embedded")
+        while airflow.alive:
+            time.sleep(1)
+        print(f"error: airflow standalone exited; see {airflow.log}", file=sys.stderr)
+        return 1
+    finally:
+        airflow.stop()
+
+
+def run_cluster(engine_url: str) -> int:
+    CLUSTER_DIR.mkdir(exist_ok=True)
+    env = {
+        "AIRFLOW_CONN_OLMOCR_VLLM": vllm_connection(engine_url, CPU_ENGINE_MODEL),
+        "OLMOCR_INPUT_URI": input_uri(),
+        "OLMOCR_OUTPUT_URI": output_uri(),
+    }
+    settings = ClusterSettings(
+        work_dir=CLUSTER_DIR,
+        api_port=UI_PORT,
+        env=env,
+        database=CLUSTER_DATABASE,
+        drop_database=False,
+        persistent_secrets=True,
+    )
+    cluster = AirflowCluster(settings)
+    print(f"starting the local cluster (logs: {cluster.log_dir.relative_to(ROOT)}/) ...", flush=True)
+    try:
+        cluster.start(timeout=START_TIMEOUT_S)
+        print_ready(UI_PORT, f"{ADMIN_USER} / {cluster.admin_password}", "local Celery cluster")
+        while cluster.healthy():
+            time.sleep(5)
+        print(f"error: a component stopped; see {cluster.log_dir}", file=sys.stderr)
+        return 1
+    except DeploymentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cluster", action="store_true", help="the multi-process Celery deployment")
+    args = parser.parse_args(argv)
+    _stop_on_sigterm()
+    log_dir = (CLUSTER_DIR if args.cluster else AIRFLOW_HOME) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        engine = start_engine(log_dir)
+    except DeploymentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    engine_url = f"http://127.0.0.1:{ENGINE_PORT}/v1"
+    try:
+        return run_cluster(engine_url) if args.cluster else run_embedded(engine_url)
     except KeyboardInterrupt:
         return 0
     finally:
-        for process in (airflow, engine):
-            if process.poll() is None:
-                process.send_signal(signal.SIGINT)
-        for process in (airflow, engine):
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        print("stopping ...", flush=True)
+        engine.stop()
 
 
 if __name__ == "__main__":
