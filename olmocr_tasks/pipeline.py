@@ -26,10 +26,13 @@ from olmocr_tasks.manifest import DocumentEntry, Manifest, count_entries, manife
 from olmocr_tasks.outputs import output_stem
 from olmocr_tasks.progress import ProgressReporter
 from olmocr_tasks.protocol import PROMPT_VERSION
-from olmocr_tasks.runs import RunFolder, RunPlan, SourceDocument
+from olmocr_tasks.runs import SINGLE_PLAN, RunFolder, RunPlan, SourceDocument
 from olmocr_tasks.storage import ObjectInfo, Storage
 
 log = logging.getLogger(__name__)
+
+# The batch key of a run converted in one process (the CLI).
+SINGLE_BATCH = "all"
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,8 @@ class RunRequest:
             self.settings.server.model, PROMPT_VERSION, self.settings.page.target_longest_image_dim
         )
 
-    def run_folder(self, storage: Storage) -> RunFolder:
-        return RunFolder(storage, self.output_uri, self.run_id)
+    def run_folder(self, storage: Storage, plan_id: str = SINGLE_PLAN) -> RunFolder:
+        return RunFolder(storage, self.output_uri, self.run_id, plan_id)
 
 
 def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
@@ -183,24 +186,50 @@ def convert_batch(
     batch_key: str,
     sources: Sequence[SourceDocument],
     *,
+    folder: RunFolder | None = None,
+    try_number: int | None = None,
     task_context: dict[str, Any] | None = None,
+    progress_stream: TextIO | None = None,
 ) -> dict[str, Any]:
-    """Convert one batch and record its entries in a part file; returns a small summary for XCom.
+    """Convert one batch as attempt ``try_number``; returns a small summary for XCom.
 
-    Each document's entry is also saved the moment it finishes: if the batch dies later (server
-    outage, worker killed), publishing still reports what it did convert instead of "not converted".
+    The attempt first carries forward what the batch's earlier attempts finished, so a retried or
+    resumed batch reports every document with its real outcome (a document converted by attempt 1
+    keeps its pages, tokens and outputs in attempt 2's results) and converts only the rest. Each
+    entry is saved the moment its document finishes, and the whole list in a part at the end: if the
+    attempt dies (server outage, worker killed), publishing still reports what it did finish.
+    ``try_number`` None means the next one (a process resuming a batch on its own, like the CLI).
     """
-
-    folder = request.run_folder(storage)
+    folder = folder or request.run_folder(storage)
+    attempt = folder.attempt(batch_key, try_number or folder.next_try(batch_key))
+    finished = attempt.start()
+    remaining = [source for source in sources if source.uri not in finished]
+    if finished:
+        log.info(
+            "batch %s attempt %d: %d documents finished by earlier attempts, %d to convert",
+            batch_key,
+            attempt.try_number,
+            len(sources) - len(remaining),
+            len(remaining),
+        )
 
     async def save_entry(entry: DocumentEntry) -> None:
-        await asyncio.to_thread(folder.write_entry, entry)
+        await asyncio.to_thread(attempt.write_entry, entry)
 
-    entries = asyncio.run(
-        convert_sources(request, storage, sources, task_context=task_context, on_document=save_entry)
+    converted = asyncio.run(
+        convert_sources(
+            request,
+            storage,
+            remaining,
+            task_context=task_context,
+            on_document=save_entry,
+            progress_stream=progress_stream,
+        )
     )
-    uri = folder.write_part(batch_key, entries)
-    return count_entries(entries) | {"part": uri, "batch": batch_key}
+    by_source = finished | {entry.source: entry for entry in converted}
+    entries = [by_source[source.uri] for source in sources if source.uri in by_source]
+    uri = attempt.write_part(entries)
+    return count_entries(entries) | {"part": uri, "batch": batch_key, "try_number": attempt.try_number}
 
 
 def build_manifest(
@@ -250,8 +279,20 @@ def publish_manifest(manifest: Manifest, storage: Storage) -> str:
 def run_conversion(
     request: RunRequest, storage: Storage, *, progress_stream: TextIO | None = None
 ) -> tuple[Manifest, str]:
-    """The whole run in one process (the CLI): plan, convert, publish. Returns the manifest and its URI."""
-    plan = plan_run(request, storage)
+    """The whole run in one process (the CLI): plan, convert, publish. Returns the manifest and its URI.
+
+    A run id whose manifest is not published yet (the process stopped: exit 3, a kill) resumes: its
+    plan is read back and the next attempt carries forward what earlier attempts finished, so the
+    manifest reports the whole run, not only what the last attempt did.
+    """
+    folder = request.run_folder(storage)
+    plan = None if storage.exists(manifest_uri(request.output_uri, request.run_id)) else folder.read_plan_or_none()
+    if plan is None:
+        folder.clear_earlier_attempt()
+        plan = plan_run(request, storage)
+        folder.write_plan(plan)
+    else:
+        log.info("run %s: resuming its unpublished plan", request.run_id)
     log.info(
         "run %s: %d to convert, %d already converted, %d dead letters",
         request.run_id,
@@ -259,6 +300,6 @@ def run_conversion(
         plan.already_converted,
         len(plan.dead_letters),
     )
-    entries = asyncio.run(convert_sources(request, storage, plan.sources, progress_stream=progress_stream))
-    manifest = build_manifest(request, plan, {entry.source: entry for entry in entries})
+    convert_batch(request, storage, SINGLE_BATCH, plan.sources, folder=folder, progress_stream=progress_stream)
+    manifest = build_manifest(request, plan, folder.collect())
     return manifest, publish_manifest(manifest, storage)

@@ -2,21 +2,32 @@
 
 Layout (only this module builds these keys)::
 
-    _runs/<run>/plan.json              the plan: sources to convert, unavailable ones, dead letters
-    _runs/<run>/batches/<batch>.json   the sources of one batch (a convert task reads only its own)
-    _runs/<run>/parts/<batch>.json     every entry of a batch, written when the batch finishes
-    _runs/<run>/entries/<hash>.json    one document's entry, written the moment it finishes
+    _runs/<run>/<plan>/plan.json                         the plan: sources, unavailable, dead letters
+    _runs/<run>/<plan>/batches/<batch>.json              the sources of one batch
+    _runs/<run>/<plan>/attempts/<batch>/<try>/started    this attempt of the batch began
+    _runs/<run>/<plan>/attempts/<batch>/<try>/entries/<hash>.json   one finished document
+    _runs/<run>/<plan>/attempts/<batch>/<try>/part.json  every entry, written when the attempt finishes
 
-Parts and entries let publishing account for every planned document: a batch that finished reports
-through its part; one that died part-way still reports the documents it did finish through their
-entries; anything else is "not converted". XCom only ever carries batch keys and counts.
+**Plans are fenced**: each planning (a cleared and re-run DAG run plans again) writes under a fresh
+plan id, so nothing of an earlier plan is ever read for the new one, even when a task of the old
+plan is still running somewhere. **Attempts are fenced**: each try of a batch writes under its own
+try number and publishing collects only the latest attempt that started, so a stale attempt (a
+worker thought dead, a task cleared while running) can never overwrite or add to a newer one's
+results. An attempt first carries forward every entry of the batch's earlier attempts, then
+converts only what they did not finish: its results are the whole batch, and documents an earlier
+attempt converted keep their pages, tokens and outputs.
+
+A batch that finished reports through its part; one that died part-way through the entries of the
+documents it did finish; anything else is "not converted". XCom only ever carries keys and counts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+import re
+import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -28,8 +39,20 @@ from olmocr_tasks.uri import join_uri
 RUNS_DIR = "_runs"
 PLAN_FILE = "plan.json"
 BATCHES_DIR = "batches"
-PARTS_DIR = "parts"
+ATTEMPTS_DIR = "attempts"
 ENTRIES_DIR = "entries"
+PART_FILE = "part.json"
+STARTED_FILE = "started"
+# The plan id of runs that plan once in one process (the CLI): a rerun with the same run id resumes it.
+SINGLE_PLAN = "plan"
+
+_PLAN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_TRY = re.compile(r"^try-(\d+)$")
+
+
+def new_plan_id(label: str = "p") -> str:
+    """A plan id no earlier planning of the same run can have used (``label`` makes it readable)."""
+    return f"{label}-{secrets.token_hex(4)}"
 
 
 @dataclass(frozen=True)
@@ -97,11 +120,15 @@ class RunPlan:
 
 
 class RunFolder:
-    """Reads and writes one run's folder under an output location."""
+    """Reads and writes one plan of one run under an output location."""
 
-    def __init__(self, storage: Storage, output_uri: str, run_id: str) -> None:
+    def __init__(self, storage: Storage, output_uri: str, run_id: str, plan_id: str = SINGLE_PLAN) -> None:
+        if not _PLAN_ID.match(plan_id):
+            raise ValueError(f"not a plan id: {plan_id!r}")
         self.storage = storage
-        self.uri = join_uri(output_uri, RUNS_DIR, safe_run_id(run_id))
+        self.plan_id = plan_id
+        self.run_uri = join_uri(output_uri, RUNS_DIR, safe_run_id(run_id))
+        self.uri = join_uri(self.run_uri, plan_id)
 
     # ---------------------------------------------------------------------------------- plan
 
@@ -113,18 +140,17 @@ class RunFolder:
     def read_plan(self) -> RunPlan:
         return RunPlan.from_dict(json.loads(self.storage.read_bytes(join_uri(self.uri, PLAN_FILE))))
 
-    def clear_earlier_attempt(self) -> None:
-        """Remove the batches, parts and entries a cleared and re-planned run left behind.
+    def read_plan_or_none(self) -> RunPlan | None:
+        raw = self.storage.read_bytes_or_none(join_uri(self.uri, PLAN_FILE))
+        return None if raw is None else RunPlan.from_dict(json.loads(raw))
 
-        They must not leak into the new attempt's manifest.
+    def clear_earlier_attempt(self) -> None:
+        """Remove what earlier plannings of this run left (other plan ids, and this one's own files).
+
+        Only housekeeping: fencing does not depend on it, since nothing outside this plan id is read.
         """
-        stale = [
-            info.uri
-            for folder in (PARTS_DIR, ENTRIES_DIR, BATCHES_DIR)
-            for info in self.storage.list_objects(join_uri(self.uri, folder) + "/")
-        ]
-        for uri in stale:
-            self.storage.delete(uri)
+        for info in list(self.storage.list_objects(self.run_uri + "/")):
+            self.storage.delete(info.uri)
 
     # ------------------------------------------------------------------------------- batches
 
@@ -136,44 +162,104 @@ class RunFolder:
         return [SourceDocument.from_dict(item) for item in raw]
 
     def _batch_uri(self, batch_key: str) -> str:
-        return join_uri(self.uri, BATCHES_DIR, f"{batch_key}.json")
+        return join_uri(self.uri, BATCHES_DIR, f"{_checked_key(batch_key)}.json")
 
-    # ------------------------------------------------------------------------ parts, entries
+    # ------------------------------------------------------------------------------ attempts
 
-    def part_uri(self, batch_key: str) -> str:
-        return join_uri(self.uri, PARTS_DIR, f"{batch_key}.json")
+    def attempt(self, batch_key: str, try_number: int) -> BatchAttempt:
+        return BatchAttempt(self, _checked_key(batch_key), try_number)
 
-    def write_part(self, batch_key: str, entries: Sequence[DocumentEntry]) -> str:
-        uri = self.part_uri(batch_key)
-        self.storage.write_bytes_atomic(uri, _json([entry.to_dict() for entry in entries]))
-        return uri
+    def next_try(self, batch_key: str) -> int:
+        """One more than the latest attempt of the batch that started (1 for a batch never tried)."""
+        tries = self._attempts().get(_checked_key(batch_key), {})
+        return max(tries, default=0) + 1
 
-    def write_entry(self, entry: DocumentEntry) -> None:
-        self.storage.write_bytes_atomic(self._entry_uri(entry.source), _json(entry.to_dict()))
+    def collect(self) -> dict[str, DocumentEntry]:
+        """Every entry reported by the latest started attempt of each batch, keyed by source URI.
 
-    def _entry_uri(self, source_uri: str) -> str:
-        return join_uri(self.uri, ENTRIES_DIR, hashlib.sha1(source_uri.encode()).hexdigest() + ".json")
-
-    def collect(self, expected_sources: Iterable[str] = ()) -> dict[str, DocumentEntry]:
-        """Every entry reported by this run's batches, keyed by source URI.
-
-        Parts (one per finished batch) are read first; sources in ``expected_sources`` that no part
-        reports are then looked up among the entries of batches that died part-way.
+        A finished attempt reports through its part; one that died part-way through the entries it
+        wrote. Attempts carry every earlier entry forward, so nothing outside the latest is needed.
         """
         entries: dict[str, DocumentEntry] = {}
-        for info in self.storage.list_objects(join_uri(self.uri, PARTS_DIR) + "/"):
-            if not info.uri.endswith(".json"):
-                continue
-            for item in json.loads(self.storage.read_bytes(info.uri)):
-                entry = DocumentEntry.from_dict(item)
+        for tries in self._attempts().values():
+            latest = tries[max(tries)]
+            for entry in self._read_attempt(latest):
                 entries[entry.source] = entry
-        missing = {self._entry_uri(source): source for source in expected_sources if source not in entries}
-        if missing:
-            for info in self.storage.list_objects(join_uri(self.uri, ENTRIES_DIR) + "/"):
-                if info.uri in missing:
-                    entry = DocumentEntry.from_dict(json.loads(self.storage.read_bytes(info.uri)))
-                    entries[entry.source] = entry
         return entries
+
+    def _attempts(self) -> dict[str, dict[int, list[str]]]:
+        """batch → try → the URIs of that attempt's objects, for attempts that wrote their start mark."""
+        found: dict[str, dict[int, list[str]]] = {}
+        started: set[tuple[str, int]] = set()
+        base = join_uri(self.uri, ATTEMPTS_DIR) + "/"
+        for info in self.storage.list_objects(base):
+            batch, _, rest = info.uri[len(base) :].partition("/")
+            try_part, _, name = rest.partition("/")
+            match = _TRY.match(try_part)
+            if not match:
+                continue
+            number = int(match[1])
+            found.setdefault(batch, {}).setdefault(number, []).append(info.uri)
+            if name == STARTED_FILE:
+                started.add((batch, number))
+        return {
+            batch: {number: uris for number, uris in tries.items() if (batch, number) in started}
+            for batch, tries in found.items()
+            if any((batch, number) in started for number in tries)
+        }
+
+    def _read_attempt(self, uris: Sequence[str]) -> list[DocumentEntry]:
+        part = next((uri for uri in uris if uri.endswith("/" + PART_FILE)), None)
+        if part is not None:
+            return [DocumentEntry.from_dict(item) for item in json.loads(self.storage.read_bytes(part))]
+        entry_uris = [uri for uri in uris if f"/{ENTRIES_DIR}/" in uri and uri.endswith(".json")]
+        return [DocumentEntry.from_dict(json.loads(self.storage.read_bytes(uri))) for uri in entry_uris]
+
+
+class BatchAttempt:
+    """One try of one batch: its start mark, its entries and its part, under its own try number."""
+
+    def __init__(self, folder: RunFolder, batch_key: str, try_number: int) -> None:
+        if try_number < 1:
+            raise ValueError(f"try numbers start at 1, not {try_number}")
+        self.folder = folder
+        self.batch_key = batch_key
+        self.try_number = try_number
+        self.uri = join_uri(folder.uri, ATTEMPTS_DIR, batch_key, f"try-{try_number:04d}")
+
+    @property
+    def part_uri(self) -> str:
+        return join_uri(self.uri, PART_FILE)
+
+    def start(self) -> dict[str, DocumentEntry]:
+        """Mark the attempt started and carry forward what earlier attempts finished; returns those entries.
+
+        From this moment publishing reads this attempt only, so the carried entries are written as
+        this attempt's own before anything is converted.
+        """
+        earlier: dict[str, DocumentEntry] = {}
+        tries = self.folder._attempts().get(self.batch_key, {})
+        for number in sorted(n for n in tries if n < self.try_number):
+            for entry in self.folder._read_attempt(tries[number]):
+                earlier[entry.source] = entry
+        self.folder.storage.write_bytes_atomic(join_uri(self.uri, STARTED_FILE), b"")
+        for entry in earlier.values():
+            self.write_entry(entry)
+        return earlier
+
+    def write_entry(self, entry: DocumentEntry) -> None:
+        name = hashlib.sha1(entry.source.encode("utf-8", "surrogatepass")).hexdigest() + ".json"
+        self.folder.storage.write_bytes_atomic(join_uri(self.uri, ENTRIES_DIR, name), _json(entry.to_dict()))
+
+    def write_part(self, entries: Sequence[DocumentEntry]) -> str:
+        self.folder.storage.write_bytes_atomic(self.part_uri, _json([entry.to_dict() for entry in entries]))
+        return self.part_uri
+
+
+def _checked_key(batch_key: str) -> str:
+    if not _PLAN_ID.match(batch_key):
+        raise ValueError(f"not a batch key: {batch_key!r}")
+    return batch_key
 
 
 def _json(data: Any) -> bytes:

@@ -261,8 +261,8 @@ def test_a_batch_that_dies_part_way_still_reports_what_it_converted(tmp_path: Pa
     for doc_id in (1, 2):
         pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(1, doc_id=doc_id))
     pdfgen.write_pdf(tmp_path / "in" / "d3.pdf", pdfgen.text_pdf(4, doc_id=3))
-    # The last document's pages hang until the outage window closes: the batch aborts.
-    standin.configure(always={f"3:{page}": "hang" for page in range(1, 5)})
+    # The last document's pages fail with 503 until the outage window closes: the batch aborts.
+    standin.configure(always={f"3:{page}": "503" for page in range(1, 5)})
     request = RunRequest(
         input_uri=str(tmp_path / "in"), output_uri=str(tmp_path / "out"), run_id="partial",
         settings=fast_settings(standin.url, max_open_documents=1),
@@ -271,10 +271,110 @@ def test_a_batch_that_dies_part_way_still_reports_what_it_converted(tmp_path: Pa
     plan = plan_run(request, storage)
     with pytest.raises(ServerUnavailable):
         convert_batch(request, storage, "b0", sorted(plan.sources, key=lambda source: source.uri))
-    manifest = build_manifest(request, plan, request.run_folder(storage).collect(s.uri for s in plan.sources))
+    manifest = build_manifest(request, plan, request.run_folder(storage).collect())
     statuses = {Path(doc.source).name: (doc.status, doc.error_class) for doc in manifest.documents}
     assert statuses == {
         "d1.pdf": ("converted", None),
         "d2.pdf": ("converted", None),
         "d3.pdf": ("failed", "not_converted"),
     }
+
+
+def _totals_held_by_outputs(manifest: Manifest) -> dict[str, int]:
+    """Pages and tokens summed from the Dolma records the manifest's converted documents name."""
+    totals = {"pages": 0, "input_tokens": 0, "output_tokens": 0}
+    for doc in manifest.documents:
+        if doc.status == "converted":
+            metadata = json.loads(Path(doc.outputs["dolma"]).read_text())["metadata"]
+            totals["pages"] += metadata["pdf-total-pages"]
+            totals["input_tokens"] += metadata["total-input-tokens"]
+            totals["output_tokens"] += metadata["total-output-tokens"]
+    return totals
+
+
+def test_a_retried_batch_reports_what_every_attempt_converted(tmp_path: Path, standin: StandinServer) -> None:
+    from olmocr_tasks.pipeline import build_manifest, convert_batch, plan_run
+
+    for doc_id in (1, 2):
+        pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(2, doc_id=doc_id))
+    pdfgen.write_pdf(tmp_path / "in" / "d3.pdf", pdfgen.text_pdf(4, doc_id=3))
+    standin.configure(always={f"3:{page}": "503" for page in range(1, 5)})
+    request = RunRequest(
+        input_uri=str(tmp_path / "in"), output_uri=str(tmp_path / "out"), run_id="retried",
+        settings=fast_settings(standin.url, max_open_documents=1),
+    )  # fmt: skip
+    storage = Storage()
+    folder = request.run_folder(storage)
+    plan = plan_run(request, storage)
+    folder.write_plan(plan)
+    sources = sorted(plan.sources, key=lambda source: source.uri)
+    with pytest.raises(ServerUnavailable):
+        convert_batch(request, storage, "b0", sources, try_number=1)
+
+    standin.configure(always={f"3:{page}": None for page in range(1, 5)})
+    summary = convert_batch(request, storage, "b0", sources, try_number=2)  # Airflow's retry
+    manifest = build_manifest(request, plan, folder.collect())
+
+    docs = by_name(manifest)
+    assert {name: (doc.status, doc.pages) for name, doc in docs.items()} == {
+        "d1.pdf": ("converted", 2),
+        "d2.pdf": ("converted", 2),
+        "d3.pdf": ("converted", 4),
+    }
+    # Converted by attempt 1, reported by attempt 2 with that attempt's identity and numbers.
+    assert docs["d1.pdf"].attempts == 2 and docs["d1.pdf"].input_tokens > 0 and docs["d1.pdf"].outputs
+    counts = manifest.counts()
+    assert {key: counts[key] for key in ("pages", "input_tokens", "output_tokens")} == _totals_held_by_outputs(manifest)
+    assert (summary["converted"], summary["pages"], summary["try_number"]) == (3, 8, 2)
+
+
+def test_a_stale_attempt_cannot_change_what_a_newer_attempt_reports(tmp_path: Path) -> None:
+    from olmocr_tasks.manifest import DocumentEntry
+    from olmocr_tasks.runs import RunFolder
+
+    folder = RunFolder(Storage(), str(tmp_path / "out"), "run", "p1-abc")
+    real = DocumentEntry(source="/in/a.pdf", status="converted", pages=3, task={"try_number": 1})
+    first = folder.attempt("b0", 1)
+    first.start()
+    first.write_entry(real)
+    second = folder.attempt("b0", 2)
+    assert second.start() == {"/in/a.pdf": real}  # carried forward before the newer attempt converts
+    # The first attempt's worker was thought dead but goes on: whatever it writes now is ignored.
+    first.write_entry(DocumentEntry(source="/in/a.pdf", status="failed", error_class="internal_error"))
+    first.write_entry(DocumentEntry(source="/in/b.pdf", status="failed", error_class="internal_error"))
+    first.write_part([DocumentEntry(source="/in/a.pdf", status="skipped")])
+    assert folder.collect() == {"/in/a.pdf": real}
+    second.write_part([real, DocumentEntry(source="/in/b.pdf", status="converted", pages=1)])
+    assert {source: entry.status for source, entry in folder.collect().items()} == {
+        "/in/a.pdf": "converted",
+        "/in/b.pdf": "converted",
+    }
+    assert folder.next_try("b0") == 3
+    # Another planning of the same run (a cleared DAG run) reads nothing of this one.
+    assert RunFolder(Storage(), str(tmp_path / "out"), "run", "p2-def").collect() == {}
+
+
+def test_the_cli_rerun_with_the_same_run_id_reports_the_whole_run(tmp_path: Path, standin: StandinServer) -> None:
+    for doc_id in (1, 2):
+        pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(2, doc_id=doc_id))
+    pdfgen.write_pdf(tmp_path / "in" / "d3.pdf", pdfgen.text_pdf(3, doc_id=3))
+    standin.configure(always={f"3:{page}": "503" for page in range(1, 4)})
+    settings = fast_settings(standin.url, max_open_documents=1)
+    with pytest.raises(ServerUnavailable):  # the CLI exits 3 here
+        run(tmp_path, settings, "nightly")
+    assert not (tmp_path / "out" / "manifests").exists()
+
+    standin.configure(always={f"3:{page}": None for page in range(1, 4)})
+    manifest = run(tmp_path, settings, "nightly")
+    assert {name: (doc.status, doc.pages) for name, doc in by_name(manifest).items()} == {
+        "d1.pdf": ("converted", 2),
+        "d2.pdf": ("converted", 2),
+        "d3.pdf": ("converted", 3),
+    }
+    assert manifest.already_converted == 0
+    counts = manifest.counts()
+    assert {key: counts[key] for key in ("pages", "input_tokens", "output_tokens")} == _totals_held_by_outputs(manifest)
+
+    # Once published, the same run id is a new run: everything is already converted.
+    again = run(tmp_path, settings, "nightly")
+    assert again.documents == [] and again.already_converted == 3

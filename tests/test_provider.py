@@ -350,26 +350,39 @@ def _sparse_pdfs(folder: Path, count: int, size: int) -> None:
             handle.truncate(size)
 
 
+class _TaskInstance(SimpleNamespace):
+    """The ``ti`` of a task context: its try number and the XComs it pushes."""
+
+    def __init__(self, try_number: int = 1) -> None:
+        super().__init__(try_number=try_number, pushed={})
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed[key] = value
+
+
 @pytest.mark.usefixtures("vllm_conn")
 def test_plan_gives_large_documents_their_own_instance(tmp_path: Path) -> None:
     _sparse_pdfs(tmp_path / "in", 3, 3 * 1024 * 1024)
-    descriptors = tasks.plan_body(context({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")}))
+    ti = _TaskInstance()
+    ctx = context({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")}, ti=ti)
+    descriptors = tasks.plan_body(ctx)
     assert sorted(d["label"] for d in descriptors) == ["big-0.pdf", "big-1.pdf", "big-2.pdf"]
     assert [d["batch"] for d in descriptors] == ["b00000", "b00001", "b00002"]
+    assert {d["plan"] for d in descriptors} == {ti.pushed[tasks.PLAN_ID_XCOM]}
 
 
 @pytest.mark.usefixtures("vllm_conn")
 def test_plan_packs_documents_within_max_map_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _sparse_pdfs(tmp_path / "in", 5, 3 * 1024 * 1024)
     output = tmp_path / "out"
-    ctx = context({"input_uri": str(tmp_path / "in"), "output_uri": str(output)})
     run_dir = output / "_runs" / "olmocr_ingest__manual__2026-03-01T10_00_00+00_00"
-    # A part left by an earlier attempt of the same run must not reach this attempt's manifest.
-    (run_dir / "parts").mkdir(parents=True)
-    (run_dir / "parts" / "b00007.json").write_text("[]")
+    # What an earlier planning of the same run left must not reach this plan's manifest.
+    (run_dir / "p1-00000000" / "attempts" / "b00007" / "try-0001").mkdir(parents=True)
+    (run_dir / "p1-00000000" / "attempts" / "b00007" / "try-0001" / "part.json").write_text("[]")
     monkeypatch.setattr(tasks, "max_map_length", lambda: 2)
+    ti = _TaskInstance(try_number=2)
 
-    descriptors = tasks.plan_body(ctx)
+    descriptors = tasks.plan_body(context({"input_uri": str(tmp_path / "in"), "output_uri": str(output)}, ti=ti))
 
     assert 1 <= len(descriptors) <= 2
     assert sum(d["documents"] for d in descriptors) == 5
@@ -377,12 +390,14 @@ def test_plan_packs_documents_within_max_map_length(tmp_path: Path, monkeypatch:
     assert packed
     assert all(re.fullmatch(r"\d+ documents: big-\d\.pdf … big-\d\.pdf", d["label"]) for d in packed)
     assert len(json.dumps(descriptors)) < 500
-    batch_files = sorted(path.name for path in (run_dir / "batches").iterdir())
+    plan_id = ti.pushed[tasks.PLAN_ID_XCOM]
+    assert plan_id.startswith("p2-")
+    assert not [path for path in (run_dir / "p1-00000000").rglob("*") if path.is_file()]
+    batch_files = sorted(path.name for path in (run_dir / plan_id / "batches").iterdir())
     assert batch_files == [f"{d['batch']}.json" for d in descriptors]
     listed = [
         item["uri"]
         for d in descriptors
-        for item in json.loads((run_dir / "batches" / f"{d['batch']}.json").read_text())
+        for item in json.loads((run_dir / plan_id / "batches" / f"{d['batch']}.json").read_text())
     ]
     assert sorted(listed) == sorted(str(tmp_path / "in" / f"big-{i}.pdf") for i in range(5))
-    assert not (run_dir / "parts" / "b00007.json").exists()

@@ -10,7 +10,7 @@ The DAG files only choose a schedule and call ``conversion_flow``::
 * ``plan`` resolves the run's Params and ``dag_run`` (and, in the S3-event DAG, its triggering asset
   events) into a ``RunRequest``, discovers what to convert, writes the plan and one small file per
   batch in the run folder (``olmocr_tasks.runs``), and returns batch descriptors
-  (``{"batch": "b00012", "label": "inbox/report.pdf", "documents": 1}``).
+  (``{"plan": "p1-3f9c0a2e", "batch": "b00012", "label": "inbox/report.pdf", "documents": 1}``).
 * ``convert`` is mapped over the descriptors; each instance converts its batch and writes a part file.
 * ``publish_manifest`` (``all_done``) merges plan and parts into the run manifest, even when some
   batches failed, judges the run's error budget into it, and emits an event on ``OUTPUTS_ASSET``.
@@ -57,7 +57,7 @@ from olmocr_tasks.pipeline import (
 from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.hooks import VllmHook, storage_for
 from olmocr_tasks.provider.params import SCOPES
-from olmocr_tasks.runs import SourceDocument
+from olmocr_tasks.runs import SourceDocument, new_plan_id
 from olmocr_tasks.s3_events import documents_from_asset_events
 from olmocr_tasks.uri import is_s3
 
@@ -70,6 +70,8 @@ OUTPUTS_ASSET = Asset(name="olmocr_outputs")
 
 # Run types whose data interval is a real window of time to discover in.
 _INTERVAL_RUN_TYPES = frozenset({"scheduled", "backfill"})
+# The XCom key under which plan publishes its plan id (for publish_manifest; batches carry it too).
+PLAN_ID_XCOM = "plan_id"
 # Long enough to recognise a document in the grid; 1000 batch descriptors stay around 100 KB.
 _LABEL_CHARS = 80
 
@@ -240,14 +242,21 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
     storage = storage_for([request.input_uri, request.output_uri, *(request.documents or ())])
-    folder = request.run_folder(storage)
-    # A cleared and re-run DAG run plans again.
+    # A fresh plan id per planning: a cleared and re-run DAG run plans again, and nothing a task of the
+    # earlier plan still writes can reach this plan's manifest.
+    folder = request.run_folder(storage, new_plan_id(f"p{context['ti'].try_number}"))
     folder.clear_earlier_attempt()
     plan = plan_run(request, storage)
     folder.write_plan(plan)
+    context["ti"].xcom_push(key=PLAN_ID_XCOM, value=folder.plan_id)
     batches = pack_batches(plan.sources, max_batches=max_map_length())
     descriptors = [
-        {"batch": f"b{index:05d}", "label": batch_label(batch, request.input_uri), "documents": len(batch)}
+        {
+            "plan": folder.plan_id,
+            "batch": f"b{index:05d}",
+            "label": batch_label(batch, request.input_uri),
+            "documents": len(batch),
+        }
         for index, batch in enumerate(batches)
     ]
 
@@ -286,9 +295,17 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
         request = build_request(context)
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
-    sources = request.run_folder(storage_for([request.output_uri])).read_batch(batch["batch"])
+    sources = request.run_folder(storage_for([request.output_uri]), batch["plan"]).read_batch(batch["batch"])
     storage = storage_for([request.input_uri, request.output_uri, *(source.uri for source in sources)])
-    summary = convert_batch(request, storage, batch["batch"], sources, task_context=task_identity(context))
+    summary = convert_batch(
+        request,
+        storage,
+        batch["batch"],
+        sources,
+        folder=request.run_folder(storage, batch["plan"]),
+        try_number=context["ti"].try_number,
+        task_context=task_identity(context),
+    )
     log.info("batch %s (%s): %s", batch["batch"], batch.get("label"), summary)
     emit_metrics(summary)
     return summary
@@ -305,17 +322,16 @@ def emit_metrics(summary: Mapping[str, Any]) -> None:
 
 def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
     """Write the run manifest from the plan and every part; emit the outputs asset event."""
-    ti = context["ti"]
-    if ti.xcom_pull(task_ids="plan") is None:
+    plan_id = context["ti"].xcom_pull(task_ids="plan", key=PLAN_ID_XCOM)
+    if plan_id is None:
         raise AirflowSkipException("the plan task did not succeed: there is nothing to publish")
     try:
         request = build_request(context)
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
     storage = storage_for([request.input_uri, request.output_uri])
-    folder = request.run_folder(storage)
-    plan = folder.read_plan()
-    manifest = build_manifest(request, plan, folder.collect(source.uri for source in plan.sources))
+    folder = request.run_folder(storage, plan_id)
+    manifest = build_manifest(request, folder.read_plan(), folder.collect())
     # Judged once, here; the verdict travels in the manifest (and in this task's XCom for enforce).
     verdict = manifest.judge_error_budget(float(context["params"].get("max_document_error_rate", 0.05)))
     uri = publish_manifest(manifest, storage)
