@@ -333,6 +333,7 @@ class AirflowCluster:
         self.database = settings.database or f"olmocr_test_{self.token}"
         self.api_port = settings.api_port or free_port()
         self._secrets = self._load_secrets()
+        self._ports = {"trigger_logs": free_port()}
         self.admin_password = self._secrets["admin"]
         # Tasks go to a queue of their own, so another deployment sharing the Redis never takes them.
         self.queue = f"olmocr-{self.token}"
@@ -404,6 +405,8 @@ class AirflowCluster:
             # Every component signs and checks tokens with this; a per-process random one breaks workers.
             "AIRFLOW__API_AUTH__JWT_SECRET": self._secrets["jwt"],
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.log_dir / "tasks"),
+            # The triggerer serves its log on a port; two deployments on one machine must not share it.
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self._ports["trigger_logs"]),
             # A lost worker's task instance is failed (and retried) after this long without heartbeats.
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
@@ -558,6 +561,15 @@ class AirflowApi:
 
     def set_paused(self, dag_id: str, paused: bool) -> None:
         self.ok("PATCH", f"/api/v2/dags/{dag_id}", json={"is_paused": paused})
+
+    def reparse(self, dag_id: str) -> None:
+        """Ask the dag-processor to parse the DAG's file now rather than at its next interval.
+
+        An AssetWatcher is registered with the triggerer when its DAG is parsed while unpaused, so
+        unpausing an event-driven DAG takes effect at the next parse.
+        """
+        token = self.ok("GET", f"/api/v2/dags/{dag_id}/details")["file_token"]
+        self.ok("PUT", f"/api/v2/parseDagFile/{token}")
 
     def wait_for_dag(self, dag_id: str, timeout: float = 300) -> dict[str, Any]:
         def parsed() -> dict[str, Any] | None:

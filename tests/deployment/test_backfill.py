@@ -50,14 +50,14 @@ def test_backfill_runs_convert_only_their_own_intervals(
     doc_ids: dict[str, int] = {}
     for interval, offsets in enumerate(([30], [10, 50], [59])):
         for number, offset in enumerate(offsets):
-            doc_id = 300 + 10 * interval + number
+            doc_id = 110 + 10 * interval + number
             key = f"{prefix}input/interval-{interval}-{number}.pdf"
             uri = bucket.put_pdf(key, doc_id=doc_id, last_modified=start + interval * MINUTE + offset * SECOND)
             expected[interval][uri] = doc_id
             doc_ids[uri] = doc_id
     outside = [
-        bucket.put_pdf(f"{prefix}input/before.pdf", doc_id=390, last_modified=start - 20 * SECOND),
-        bucket.put_pdf(f"{prefix}input/after.pdf", doc_id=391, last_modified=start + 3 * MINUTE + 20 * SECOND),
+        bucket.put_pdf(f"{prefix}input/before.pdf", doc_id=140, last_modified=start - 20 * SECOND),
+        bucket.put_pdf(f"{prefix}input/after.pdf", doc_id=141, last_modified=start + 3 * MINUTE + 20 * SECOND),
     ]
     conf = {"input_uri": input_uri, "output_uri": output_uri}
     last = start + 2 * MINUTE

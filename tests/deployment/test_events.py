@@ -1,0 +1,122 @@
+"""Event-triggered runs: S3 bucket notifications → SQS → the AssetWatcher in the running triggerer.
+
+moto delivers the bucket's ``ObjectCreated`` notifications to the SQS queue the deployment's
+``OLMOCR_SQS_QUEUE_URL`` names, one object per message as S3 does. S3 itself may put several records
+in one message; moto never does, so one message is sent with the exact JSON S3 sends, naming two
+objects (one key URL-encoded as S3 encodes it). The DAG is unpaused only once every message is
+queued, so one watcher poll sees several messages, and the run(s) must convert exactly those objects.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from tests.deployment.corpus import Bucket, assert_outputs_name_their_pages, documents, union_converted
+from tests.deployment.harness import Deployment, wait_until
+
+pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]
+
+DAG = "olmocr_s3_events"
+
+
+def s3_notification(bucket: str, *keys: str) -> str:
+    """The body S3 sends to SQS for ``ObjectCreated:Put`` of ``keys`` (keys URL-encoded as S3 does)."""
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    records = [
+        {
+            "eventVersion": "2.1",
+            "eventSource": "aws:s3",
+            "awsRegion": "us-east-1",
+            "eventTime": now,
+            "eventName": "ObjectCreated:Put",
+            "userIdentity": {"principalId": "AWS:EXAMPLE"},
+            "requestParameters": {"sourceIPAddress": "127.0.0.1"},
+            "responseElements": {"x-amz-request-id": uuid.uuid4().hex[:16], "x-amz-id-2": uuid.uuid4().hex},
+            "s3": {
+                "s3SchemaVersion": "1.0",
+                "configurationId": "olmocr-pdfs",
+                "bucket": {
+                    "name": bucket,
+                    "ownerIdentity": {"principalId": "EXAMPLE"},
+                    "arn": f"arn:aws:s3:::{bucket}",
+                },
+                "object": {
+                    "key": urllib.parse.quote_plus(key, safe="/"),
+                    "size": 1024,
+                    "eTag": uuid.uuid4().hex,
+                    "sequencer": uuid.uuid4().hex[:18].upper(),
+                },
+            },
+        }
+        for key in keys
+    ]
+    return json.dumps({"Records": records})
+
+
+def _queue_empty(bucket: Bucket, queue_url: str) -> bool:
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    attributes = bucket.sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=names)["Attributes"]
+    return all(int(attributes[name]) == 0 for name in names)
+
+
+def test_s3_notifications_through_sqs_trigger_runs_that_convert_exactly_those_objects(
+    deployment: Deployment, bucket: Bucket
+) -> None:
+    queue_arn = bucket.sqs.get_queue_attributes(QueueUrl=deployment.queue_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    rules = [{"Name": "prefix", "Value": "events/input/"}, {"Name": "suffix", "Value": ".pdf"}]
+    bucket.s3.put_bucket_notification_configuration(
+        Bucket=bucket.name,
+        NotificationConfiguration={
+            "QueueConfigurations": [
+                {"QueueArn": queue_arn, "Events": ["s3:ObjectCreated:*"], "Filter": {"Key": {"FilterRules": rules}}}
+            ]
+        },
+    )
+    doc_ids: dict[str, int] = {}
+    for number in range(3):
+        doc_ids[bucket.put_pdf(f"events/input/upload-{number}.pdf", pages=1 + number % 2, doc_id=150 + number)] = (
+            150 + number
+        )
+    manual_keys = ["events/manual/first.pdf", "events/manual/two words.pdf"]
+    for number, key in enumerate(manual_keys):
+        doc_ids[bucket.put_pdf(key, doc_id=155 + number)] = 155 + number
+    bucket.sqs.send_message(QueueUrl=deployment.queue_url, MessageBody=s3_notification(bucket.name, *manual_keys))
+    unnotified = bucket.put_pdf("events/elsewhere/quiet.pdf", doc_id=158)
+    messages = 4
+
+    deployment.api.set_paused(DAG, False)
+    # The watcher starts polling once the DAG is parsed unpaused; parse now instead of in minutes.
+    deployment.api.reparse(DAG)
+    try:
+
+        def all_converted() -> list[dict[str, Any]] | None:
+            if not _queue_empty(bucket, deployment.queue_url):
+                return None
+            runs = deployment.api.dag_runs(DAG)
+            if not runs or any(run["state"] not in ("success", "failed") for run in runs):
+                return None
+            manifests = [bucket.manifest(deployment.output_uri, DAG, run["dag_run_id"]) for run in runs]
+            if any(manifest is None for manifest in manifests):
+                return None
+            return manifests if set(union_converted(manifests)) >= set(doc_ids) else None
+
+        manifests = wait_until(all_converted, timeout=600, interval=3, what="every notified object converted")
+    finally:
+        deployment.api.set_paused(DAG, True)
+
+    runs = deployment.api.dag_runs(DAG)
+    assert {run["run_type"] for run in runs} == {"asset_triggered"}
+    assert {run["state"] for run in runs} == {"success"}
+    assert sorted(union_converted(manifests)) == sorted(doc_ids), "each notified object converted exactly once"
+    assert len(runs) < messages, "several messages feed one run"
+    assert not any(unnotified in documents(manifest) for manifest in manifests)
+    for manifest in manifests:
+        assert_outputs_name_their_pages(bucket, manifest, doc_ids)
