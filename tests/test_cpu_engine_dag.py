@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from olmocr_tasks.config import DEFAULT_MODEL
 from olmocr_tasks.cpu_engine import start_cpu_engine_in_thread
+from olmocr_tasks.ledger import conversion_key
+from olmocr_tasks.protocol import PROMPT_VERSION
 from tests.airflow_env import REPO_ROOT, AirflowEnv, vllm_connection
 
 pytestmark = pytest.mark.slow
@@ -30,6 +33,10 @@ def test_sample_pdfs_come_back_as_their_real_text_through_the_dag(airflow_home: 
     (manifest_path,) = (output / "manifests").glob("*.json")
     manifest = json.loads(manifest_path.read_text())
     assert manifest["counts"]["converted"] == 4 and manifest["counts"]["failed"] == 0
+    # Tesseract's output is keyed under the engine's own model name, so a later GPU run converts again.
+    assert manifest["model"] == engine.served_model_name == "olmocr-cpu-tesseract"
+    key = conversion_key(engine.served_model_name, PROMPT_VERSION, 1288)
+    assert key != conversion_key(DEFAULT_MODEL, PROMPT_VERSION, 1288) and (output / "_state" / key).is_dir()
 
     def text(name: str) -> str:
         return " ".join((output / "markdown" / name).read_text().split())

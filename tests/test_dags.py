@@ -120,7 +120,8 @@ def test_ingest_dag_structure(dagbag: Any) -> None:
     assert convert.map_index_template == "{{ batch_label }}"
     assert dag.get_task("publish_manifest").trigger_rule == TriggerRule.ALL_DONE
     assert dag.get_task("enforce_error_budget").trigger_rule == TriggerRule.ALL_DONE
-    assert [outlet.name for outlet in dag.get_task("publish_manifest").outlets] == ["olmocr_outputs"]
+    # An alias: publish announces on the olmocr_outputs asset only when it converted something.
+    assert [outlet.name for outlet in dag.get_task("publish_manifest").outlets] == ["olmocr_outputs_published"]
     assert dag.params["scope"] == "auto"
 
 
@@ -241,6 +242,10 @@ def test_scheduled_run_on_s3_then_a_run_with_nothing_new(
     assert manifest["counts"]["already_converted"] == 2
     states = airflow_env.task_states("olmocr_ingest", again.run_id or "")
     assert states[("convert", -1)] == "skipped"
+    assert states[("publish_manifest", -1)] == "success"
+    # A run that converted nothing wakes no downstream DAG.
+    events = _asset_events(airflow_env, "olmocr_outputs")
+    assert [e for e in events if e.get("run_id", "").endswith(again.run_id or "")] == []
     assert states[("enforce_error_budget", -1)] == "success"
     _assert_small_xcom(airflow_env, [scheduled.run_id, again.run_id])
 

@@ -16,7 +16,13 @@ import pytest
 from airflow.sdk import Asset, RetryAction
 from airflow.sdk.exceptions import AirflowFailException
 
-from olmocr_tasks.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
+from olmocr_tasks.errors import (
+    ConfigurationError,
+    ServerMisconfigured,
+    ServerNotReady,
+    ServerUnavailable,
+    StorageError,
+)
 from olmocr_tasks.manifest import DocumentEntry, Manifest
 from olmocr_tasks.provider import hooks, tasks
 from olmocr_tasks.provider import params as dag_params
@@ -255,6 +261,7 @@ def test_local_uris_never_ask_aws_for_credentials(monkeypatch: pytest.MonkeyPatc
         (ServerUnavailable("down"), RetryAction.RETRY),
         (ServerNotReady("starting"), RetryAction.RETRY),
         (StorageError("503"), RetryAction.RETRY),
+        (ServerMisconfigured("HTTP 401"), RetryAction.FAIL),
         (ValueError("bug"), RetryAction.FAIL),
         (ConfigurationError("bad"), RetryAction.FAIL),
     ],
@@ -359,6 +366,9 @@ class _TaskInstance(SimpleNamespace):
     def xcom_push(self, key: str, value: Any) -> None:
         self.pushed[key] = value
 
+    def xcom_pull(self, task_ids: str, key: str = "return_value") -> Any:
+        return None
+
 
 @pytest.mark.usefixtures("vllm_conn")
 def test_plan_gives_large_documents_their_own_instance(tmp_path: Path) -> None:
@@ -401,3 +411,102 @@ def test_plan_packs_documents_within_max_map_length(tmp_path: Path, monkeypatch:
         for item in json.loads((run_dir / plan_id / "batches" / f"{d['batch']}.json").read_text())
     ]
     assert sorted(listed) == sorted(str(tmp_path / "in" / f"big-{i}.pdf") for i in range(5))
+
+
+class _Outlets(dict):
+    """``outlet_events``: what publish_manifest announced, per alias."""
+
+    def __missing__(self, key: Any) -> SimpleNamespace:
+        added: list[tuple[Any, dict[str, Any]]] = []
+        self[key] = SimpleNamespace(added=added, add=lambda asset, extra=None: added.append((asset, extra)))
+        return self[key]
+
+
+class _RunTasks:
+    """The task bodies of one DAG run called in order in this process, as the worker calls them."""
+
+    def __init__(self, params: dict[str, Any], run_type: str = "manual") -> None:
+        self.params, self.run_type = params, run_type
+        self.xcom: dict[tuple[str, str], Any] = {}
+        self.outlets = _Outlets()
+
+    def ctx(self, task_id: str, try_number: int = 1, map_index: int = -1) -> dict[str, Any]:
+        ti = SimpleNamespace(
+            dag_id="olmocr_ingest",
+            run_id=f"{self.run_type}__2026-03-01T10:00:00+00:00",
+            task_id=task_id,
+            map_index=map_index,
+            try_number=try_number,
+            xcom_push=lambda key, value: self.xcom.__setitem__((task_id, key), value),
+            xcom_pull=lambda task_ids, key="return_value": self.xcom.get((task_ids, key)),
+        )
+        return context(self.params, run_type=self.run_type, ti=ti, outlet_events=self.outlets)
+
+    def plan(self) -> list[dict[str, Any]]:
+        self.xcom["plan", "return_value"] = tasks.plan_body(self.ctx("plan"))
+        return self.xcom["plan", "return_value"]
+
+    def publish(self) -> dict[str, Any]:
+        self.xcom["publish_manifest", "return_value"] = tasks.publish_body(self.ctx("publish_manifest"))
+        return self.xcom["publish_manifest", "return_value"]
+
+
+@pytest.fixture
+def standin_conn(monkeypatch: pytest.MonkeyPatch, standin: StandinServer) -> StandinServer:
+    extra = {"model": standin.model, "gpu_hour_price": 3.6}
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_OLMOCR_VLLM", json.dumps({"conn_type": "olmocr_vllm", "host": standin.url, "extra": extra})
+    )
+    return standin
+
+
+def test_a_retried_convert_task_reports_its_batch_and_only_runs_that_converted_announce(
+    tmp_path: Path, standin_conn: StandinServer
+) -> None:
+    from tests import pdfgen
+
+    for doc_id in (1, 2):
+        pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(2, doc_id=doc_id))
+    run = _RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
+    (batch,) = run.plan()
+    first = tasks.convert_body(run.ctx("convert", try_number=1, map_index=0), batch)
+    # Airflow retries the instance (the first try was thought lost after it had converted everything).
+    retry = tasks.convert_body(run.ctx("convert", try_number=2, map_index=0), batch)
+    assert (first["converted"], first["pages"]) == (retry["converted"], retry["pages"]) == (2, 4)
+    summary = run.publish()
+    manifest = json.loads(Path(summary["manifest"]).read_text())
+    assert manifest["counts"]["converted"] == 2 and manifest["counts"]["pages"] == 4
+    assert {doc["task"]["try_number"] for doc in manifest["documents"]} == {1}
+    # The connection's GPU-hour price reaches the manifest of an Airflow run.
+    assert manifest["metrics"]["cost"]["gpu_hour_price"] == 3.6
+    ((asset, extra),) = run.outlets[tasks.OUTPUTS_ALIAS].added
+    assert asset == tasks.OUTPUTS_ASSET and extra["converted"] == 2 and extra["manifest"] == summary["manifest"]
+
+    nothing_new = _RunTasks(run.params, run_type="scheduled")
+    assert nothing_new.plan() == []
+    published = nothing_new.publish()
+    assert published["converted"] == 0 and published["already_converted"] == 2
+    assert Path(published["manifest"]).is_file()
+    assert nothing_new.outlets[tasks.OUTPUTS_ALIAS].added == []
+
+
+def test_a_rejected_api_key_fails_the_convert_task_without_retries(tmp_path: Path, standin_conn: StandinServer) -> None:
+    from tests import pdfgen
+
+    pdfgen.write_pdf(tmp_path / "in" / "d.pdf", pdfgen.text_pdf(1, doc_id=1))
+    run = _RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
+    (batch,) = run.plan()
+    standin_conn.configure(api_key="rotated-while-the-run-was-queued")
+    with pytest.raises(AirflowFailException, match=r"rejected this task: .*HTTP 401"):
+        tasks.convert_body(run.ctx("convert"), batch)
+
+
+def test_plan_refuses_a_server_that_reports_another_model(tmp_path: Path, standin_conn: StandinServer) -> None:
+    # The idempotency key is the model: output of another model must not be filed under this one.
+    (tmp_path / "in").mkdir()
+    run = _RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
+    run.xcom["check_server", "return_value"] = ["olmocr-cpu-tesseract"]
+    with pytest.raises(AirflowFailException, match="reports olmocr-cpu-tesseract, not the connection's model"):
+        run.plan()
+    run.xcom["check_server", "return_value"] = [standin_conn.model]
+    assert run.plan() == []

@@ -54,6 +54,11 @@ def get_provider_info() -> dict[str, Any]:
                         "label": "Max in-flight requests per worker",
                         "schema": {"type": ["integer", "null"], "minimum": 1},
                     },
+                    "gpu_hour_price": {
+                        "label": "GPU hour price",
+                        "description": "Price of one GPU hour; run manifests then carry a cost estimate.",
+                        "schema": {"type": ["number", "null"], "minimum": 0},
+                    },
                     "verify_tls": {
                         "label": "Verify TLS certificates",
                         "schema": {"type": ["boolean", "null"], "default": True},

@@ -8,8 +8,9 @@ Connection fields:
   reused for the URL scheme, as the HTTP provider does).
 * **port**: used when the host does not name one.
 * **password**: the API key, sent as a Bearer token (never logged: see ``ServerSettings.public_dict``).
-* extras: ``model``; ``replicas`` (comma-separated base URLs, or a JSON list, of further replicas
-  balanced with the first); ``max_concurrent_requests``; ``verify_tls``; and any of the timeouts
+* extras: ``model``; ``gpu_hour_price`` (price of one GPU hour, for the manifests' cost estimate);
+  ``replicas`` (comma-separated base URLs, or a JSON list, of further replicas balanced with the
+  first); ``max_concurrent_requests``; ``verify_tls``; and any of the timeouts
   ``connect_timeout_s``, ``read_timeout_s``, ``write_timeout_s``, ``readiness_timeout_s``,
   ``request_retry_budget_s``, ``outage_window_s``.
 """
@@ -156,6 +157,11 @@ class VllmHook(BaseHook):
         settings = settings_from_connection(self.get_connection(self.vllm_conn_id))
         changes = {name: value for name, value in overrides.items() if value is not None}
         return dataclasses.replace(settings, **changes) if changes else settings
+
+    def gpu_hour_price(self) -> float | None:
+        """The connection's ``gpu_hour_price`` extra: the price of one GPU hour, for manifests' cost."""
+        value = _extra(self.get_connection(self.vllm_conn_id).extra_dejson or {}, "gpu_hour_price")
+        return None if value is None else _as_number("gpu_hour_price", value, float)
 
     def check_ready(self, settings: ServerSettings | None = None) -> list[str]:
         """Wait up to ``readiness_timeout_s`` until every replica lists the model; return the models.

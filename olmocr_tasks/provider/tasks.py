@@ -13,7 +13,8 @@ The DAG files only choose a schedule and call ``conversion_flow``::
   (``{"plan": "p1-3f9c0a2e", "batch": "b00012", "label": "inbox/report.pdf", "documents": 1}``).
 * ``convert`` is mapped over the descriptors; each instance converts its batch and writes a part file.
 * ``publish_manifest`` (``all_done``) merges plan and parts into the run manifest, even when some
-  batches failed, judges the run's error budget into it, and emits an event on ``OUTPUTS_ASSET``.
+  batches failed, judges the run's error budget into it, and emits an event on ``OUTPUTS_ASSET``
+  when it converted anything.
 * ``enforce_error_budget`` (``all_done``, the only leaf) fails the run when the published verdict says
   the budget was exceeded (too many documents failed, a batch never reported) or when no manifest was
   published, so a bad run is red.
@@ -33,6 +34,7 @@ from typing import Any
 
 from airflow.sdk import (
     Asset,
+    AssetAlias,
     ExceptionRetryPolicy,
     RetryAction,
     RetryRule,
@@ -67,6 +69,9 @@ log = logging.getLogger(__name__)
 POOL = os.environ.get("OLMOCR_POOL", "olmocr_vllm")
 # Downstream DAGs schedule on this; each event's extra names the manifest and carries its counts.
 OUTPUTS_ASSET = Asset(name="olmocr_outputs")
+# publish_manifest emits through this alias: a declared Asset outlet gets an event on every success,
+# which would wake every downstream DAG each hour even when a run converted nothing.
+OUTPUTS_ALIAS = AssetAlias(name="olmocr_outputs_published")
 
 # Run types whose data interval is a real window of time to discover in.
 _INTERVAL_RUN_TYPES = frozenset({"scheduled", "backfill"})
@@ -79,6 +84,9 @@ _LABEL_CHARS = 80
 # misconfiguration) would fail the same way on every retry, so it fails at once.
 _INFRASTRUCTURE_RETRIES = ExceptionRetryPolicy(
     rules=[
+        # Checked first: a rejected API key or a wrong server is an InfrastructureError too, but
+        # retrying cannot fix it (convert_body also turns it into AirflowFailException).
+        RetryRule(exception=ServerMisconfigured, action=RetryAction.FAIL, reason="server rejects us"),
         RetryRule(exception=InfrastructureError, action=RetryAction.RETRY, reason="server or storage unavailable"),
         RetryRule(
             exception="airflow.sdk.exceptions.AirflowTaskTimeout",
@@ -153,8 +161,12 @@ def build_request(
             context.get("data_interval_start"),
             context.get("data_interval_end"),
         )
-    server = VllmHook(DEFAULT_CONN_ID).server_settings(max_concurrent_requests=params.get("max_concurrent_requests"))
-    settings = ConversionSettings(server=server, max_page_error_rate=float(params.get("max_page_error_rate", 0.004)))
+    hook = VllmHook(DEFAULT_CONN_ID)
+    settings = ConversionSettings(
+        server=hook.server_settings(max_concurrent_requests=params.get("max_concurrent_requests")),
+        max_page_error_rate=float(params.get("max_page_error_rate", 0.004)),
+        gpu_hour_price=hook.gpu_hour_price(),
+    )
     return RunRequest(
         input_uri=input_uri,
         output_uri=output_uri,
@@ -241,6 +253,13 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
         request = build_request(context, documents, planning=True)
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
+    served = context["ti"].xcom_pull(task_ids="check_server")
+    if served is not None and request.settings.server.model not in served:
+        # The idempotency key must name the model that really answers: a server swapped since
+        # check_server (or a CPU engine under the GPU model's name) would file its output under it.
+        raise AirflowFailException(
+            f"the server reports {', '.join(served)}, not the connection's model {request.settings.server.model}"
+        )
     storage = storage_for([request.input_uri, request.output_uri, *(request.documents or ())])
     # A fresh plan id per planning: a cleared and re-run DAG run plans again, and nothing a task of the
     # earlier plan still writes can reach this plan's manifest.
@@ -297,15 +316,20 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
         raise _fail_on_configuration(exc) from None
     sources = request.run_folder(storage_for([request.output_uri]), batch["plan"]).read_batch(batch["batch"])
     storage = storage_for([request.input_uri, request.output_uri, *(source.uri for source in sources)])
-    summary = convert_batch(
-        request,
-        storage,
-        batch["batch"],
-        sources,
-        folder=request.run_folder(storage, batch["plan"]),
-        try_number=context["ti"].try_number,
-        task_context=task_identity(context),
-    )
+    try:
+        summary = convert_batch(
+            request,
+            storage,
+            batch["batch"],
+            sources,
+            folder=request.run_folder(storage, batch["plan"]),
+            try_number=context["ti"].try_number,
+            task_context=task_identity(context),
+        )
+    except ServerMisconfigured as exc:
+        # A 401/403 (key revoked or rotated mid-run) or a server that stopped serving the model:
+        # Airflow retries would fail the same way, so the task fails now, saying why.
+        raise AirflowFailException(f"the inference server rejected this task: {exc}") from None
     log.info("batch %s (%s): %s", batch["batch"], batch.get("label"), summary)
     emit_metrics(summary)
     return summary
@@ -342,7 +366,10 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
         **manifest.counts(),
         "error_budget": verdict,
     }
-    context["outlet_events"][OUTPUTS_ASSET].extra = summary
+    if summary["converted"]:
+        context["outlet_events"][OUTPUTS_ALIAS].add(OUTPUTS_ASSET, extra=summary)
+    else:
+        log.info("nothing was converted: no event on %s", OUTPUTS_ASSET.name)
     log.info("published %s: %s", uri, manifest.counts())
     return summary
 
@@ -384,9 +411,12 @@ def event_documents_body(context: Mapping[str, Any], asset_name: str | None = No
     max_retry_delay=timedelta(minutes=5),
     retry_policy=_INFRASTRUCTURE_RETRIES,
 )
-def check_server() -> None:
-    """Is the vLLM server up and serving the configured model? Retried while it starts."""
-    check_server_body()
+def check_server() -> list[str]:
+    """Is the vLLM server up and serving the configured model? Retried while it starts.
+
+    Returns the models the server reports; plan keys the run's idempotency on one of them.
+    """
+    return check_server_body()
 
 
 @task(
@@ -418,7 +448,7 @@ def convert(batch: dict[str, Any]) -> dict[str, Any]:
 
 @task(
     trigger_rule=TriggerRule.ALL_DONE,
-    outlets=[OUTPUTS_ASSET],
+    outlets=[OUTPUTS_ALIAS],
     retries=2,
     retry_delay=timedelta(seconds=30),
     retry_policy=_INFRASTRUCTURE_RETRIES,
