@@ -2,28 +2,41 @@
 
 Layout under the output prefix (the same on local disk and S3)::
 
-    OUTPUT/dolma/<stem>.jsonl     one Dolma record (one line)
-    OUTPUT/markdown/<stem>.md     exactly the record's text
+    OUTPUT/dolma/<stem>.jsonl                       one Dolma record (one line)
+    OUTPUT/markdown/<stem>.md                       exactly the record's text
+    OUTPUT/_state/output-owners/<hash>.json         which source a stem belongs to
 
-``<stem>`` mirrors the source key relative to the input prefix, so a rerun overwrites the same
-objects instead of adding new ones.
+``<stem>`` mirrors the source key relative to the input prefix (a document outside it: its file
+name), so a rerun overwrites the same objects instead of adding new ones.
+
+A stem belongs to the first source that writes it (``claim_stem``). Another source whose name
+maps to the same stem, in any letter case (another bucket or input folder writing to the same
+output, ``x.PDF`` beside ``x.pdf``, the NFD spelling of an NFC name), is written under
+``<stem>~<hash of its full URI>`` instead, so no document's outputs are ever overwritten by
+another's. Outputs written before owner records existed are recognised by the ``Source-File`` of
+their Dolma record.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import unicodedata
 from datetime import date
 from typing import Any
 
+from olmocr_tasks.errors import DocumentError
 from olmocr_tasks.results import DocumentResult
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.uri import is_s3, join_uri, local_path, safe_join, safe_relative_key, split_s3
 
+log = logging.getLogger(__name__)
+
 DOLMA_DIR = "dolma"
 MARKDOWN_DIR = "markdown"
+OWNERS_DIR = "_state/output-owners"
 # The olmOCR release whose page protocol and record schema we reproduce; written where olmOCR
 # writes its own version so readers of olmOCR output find the field they expect.
 OLMOCR_COMPAT_VERSION = "0.4.27"
@@ -41,20 +54,18 @@ def _relative_source(source_uri: str, input_uri: str) -> str:
     base = _normalised(input_uri).rstrip("/")
     if base and source.startswith(base + "/"):
         return source[len(base) + 1 :]
-    if source == base:
-        # A single-file input: keep only its name.
-        return source.rsplit("/", 1)[-1]
-    # Not under the input prefix (explicit document lists): olmOCR's rule.
+    # A single-file input, or an explicitly listed document outside the input folder: its name.
+    # Owner records (claim_stem) keep two such names from sharing outputs.
     if is_s3(source):
-        return split_s3(source)[1]
-    return source.lstrip("/")
+        return split_s3(source)[1].rsplit("/", 1)[-1]
+    return source.rsplit("/", 1)[-1]
 
 
 def output_stem(source_uri: str, input_uri: str) -> str:
     """The safe relative path (no extension) under which a source's outputs are written.
 
     ``s3://b/in/x/Report.PDF`` under ``s3://b/in/`` → ``x/Report``. Sources outside the input prefix
-    follow olmOCR (S3: key without bucket; local: path without the leading ``/``). The result is
+    keep their file name only (``/elsewhere/alpha.pdf`` → ``alpha``). The result is
     always sanitised (see ``storage.safe_relative_key``) and never empty; a name that sanitising
     changed (``..``, empty or ``.`` components, control characters, backslashes) ends in ``~`` and
     ten hex digits of a hash of the original, so distinct sources keep distinct outputs.
@@ -71,6 +82,61 @@ def output_stem(source_uri: str, input_uri: str) -> str:
         digest = hashlib.sha1(relative.encode("utf-8", "surrogatepass")).hexdigest()[:10]
         stem = f"{stem}~{digest}"
     return stem
+
+
+class OutputCollisionError(DocumentError):
+    """Both keys a source may write to already belong to other sources."""
+
+    error_class = "output_collision"
+
+
+def claim_stem(storage: Storage, output_uri: str, stem: str, source_uri: str) -> str:
+    """The stem this source's outputs go under: ``stem`` if it is free or already its own, else
+    ``stem~<hash of the source URI>`` (see the module docstring).
+
+    Claims are create-if-absent writes, so of two documents racing for one stem exactly one gets it.
+    """
+    me = _normalised(source_uri)
+    digest = hashlib.sha1(me.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    owners = []
+    for candidate in (stem, f"{stem}~{digest}"):
+        owners.append(_owner(storage, output_uri, candidate, me))
+        if owners[-1] == me:
+            if candidate != stem:
+                log.warning("outputs of %s go to %s: %s holds those of %s", source_uri, candidate, stem, owners[0])
+            return candidate
+    raise OutputCollisionError(
+        f"the output names {stem!r} and {stem}~{digest} already belong to {' and '.join(owners)}; "
+        "write this document to another output location"
+    )
+
+
+def _owner(storage: Storage, output_uri: str, stem: str, claimant: str) -> str:
+    """Who owns ``stem`` (in any letter case), recording ``claimant`` as the owner if nobody does."""
+    folded = unicodedata.normalize("NFC", stem).casefold()
+    record_uri = join_uri(
+        output_uri, OWNERS_DIR, hashlib.sha256(folded.encode("utf-8", "surrogatepass")).hexdigest() + ".json"
+    )
+    for _ in range(3):
+        record = storage.read_bytes_or_none(record_uri)
+        if record is not None:
+            return str(json.loads(record)["source"])
+        owner = _writer_of(storage, output_uris(output_uri, stem)["dolma"]) or claimant
+        if storage.create_exclusive(record_uri, json.dumps({"stem": stem, "source": owner}).encode("utf-8")):
+            return owner
+    raise OutputCollisionError(f"could not record who owns the outputs {stem!r}")
+
+
+def _writer_of(storage: Storage, dolma_uri: str) -> str | None:
+    """The source of a Dolma record already at ``dolma_uri`` (written before owner records), if any."""
+    data = storage.read_bytes_or_none(dolma_uri)
+    if data is None:
+        return None
+    try:
+        return _normalised(str(json.loads(data.splitlines()[0])["metadata"]["Source-File"]))
+    except (ValueError, KeyError, IndexError, TypeError):
+        # Not one of ours: never overwrite it.
+        return f"an unreadable record at {dolma_uri}"
 
 
 def dolma_record(
@@ -163,6 +229,7 @@ def write_document_outputs(
 ) -> dict[str, str]:
     """Write the Dolma line (and the markdown) atomically; returns ``{"dolma": uri, "markdown": uri}``.
 
+    The outputs go under ``stem`` unless another source owns it (see ``claim_stem``).
     ``"markdown"`` is absent when ``write_markdown`` is false. A document whose pages hold no text
     (blank scans) still gets its record and an empty markdown file: olmOCR silently drops it, which
     makes it indistinguishable from a lost document and reconverts it on every run.
@@ -170,7 +237,7 @@ def write_document_outputs(
     record = dolma_record(
         result, model=model, prompt_version=prompt_version, package_version=package_version, created=created
     )
-    targets = output_uris(output_uri, stem)
+    targets = output_uris(output_uri, claim_stem(storage, output_uri, stem, result.source))
     written: dict[str, str] = {}
     if write_markdown:
         storage.write_bytes_atomic(

@@ -138,6 +138,15 @@ class Storage:
         backend = self._backend(uri)
         self._call(backend, "write", uri, lambda: backend.write(uri, data, content_type))
 
+    def create_exclusive(self, uri: str, data: bytes) -> bool:
+        """Write the object only if nothing exists at ``uri``; False (nothing written) if something did.
+
+        Atomic on both backends (a hard link locally, an ``If-None-Match: *`` PUT on S3), so of two
+        writers racing for one key exactly one gets True.
+        """
+        backend = self._backend(uri)
+        return self._call(backend, "create", uri, lambda: backend.create(uri, data))
+
     def exists(self, uri: str) -> bool:
         """Whether the object exists; not being allowed to tell is a ``StorageError``."""
         try:

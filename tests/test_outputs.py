@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -14,14 +16,19 @@ import pytest
 
 from olmocr_tasks.outputs import (
     OLMOCR_COMPAT_VERSION,
+    claim_stem,
     dolma_line,
     dolma_record,
     output_stem,
     output_uris,
     write_document_outputs,
 )
+from olmocr_tasks.pipeline import RunRequest, run_conversion
 from olmocr_tasks.results import DocumentResult, PageResult
 from olmocr_tasks.storage import Storage
+from tests.pdfgen import text_pdf
+from tests.reliability_checks import quick_settings, run_cli
+from tests.standin.server import StandinServer
 
 
 def _page(number: int, text: str | None, **overrides: Any) -> PageResult:
@@ -61,16 +68,16 @@ def _result(pages: list[PageResult], source: str = "s3://bucket/in/doc.pdf") -> 
         ("s3://b/in/x/Report.Pdf", "s3://b/in/", "x/Report"),
         ("s3://b/in/a.pdf.pdf", "s3://b/in", "a.pdf"),
         ("s3://b/in/notes.txt", "s3://b/in", "notes.txt"),
-        ("s3://b/input/a.pdf", "s3://b/in", "input/a"),  # not under "in/": olmOCR drops the bucket
+        ("s3://b/input/a.pdf", "s3://b/in", "a"),  # not under "in/": its file name
         ("s3://b/in/single.pdf", "s3://b/in/single.pdf", "single"),
-        ("s3://other/x/y.pdf", "s3://b/in", "x/y"),
+        ("s3://other/x/y.pdf", "s3://b/in", "y"),
         ("/data/in/sub/a.pdf", "/data/in", "sub/a"),
         ("file:///data/in/sub/a.pdf", "/data/in/", "sub/a"),
         ("/data/in/sub/a.pdf", "file:///data/in", "sub/a"),
-        ("/elsewhere/b.pdf", "/data/in", "elsewhere/b"),  # olmOCR strips the leading "/"
+        ("/elsewhere/b.pdf", "/data/in", "b"),  # not a folder's absolute path
         ("s3://b/in/../../etc/passwd.pdf", "s3://b/in", "etc/passwd~"),  # "~": plus a hash of the original
         ("s3://b/in/a/./b//c.pdf", "s3://b/in", "a/b/c~"),
-        ("/abs/x.pdf", "s3://b/in", "abs/x"),
+        ("/abs/x.pdf", "s3://b/in", "x"),
         ("s3://b/in/dir\\..\\evil.pdf", "s3://b/in", "dir_.._evil~"),
         ("s3://b/in/ctl\x00\x1b.pdf", "s3://b/in", "ctl__~"),
         ("s3://b/in/..pdf", "s3://b/in", None),
@@ -212,7 +219,9 @@ def test_write_outputs_local_and_rerun_overwrites(tmp_path: Path) -> None:
     result.pages[1].text = "World, again"
     assert _write(result, out, storage) == uris
     files = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "out").rglob("*") if p.is_file())
-    assert files == ["out/dolma/sub/Doc.jsonl", "out/markdown/sub/Doc.md"]
+    # The two outputs, and the record saying they belong to this source.
+    assert files[1:] == ["out/dolma/sub/Doc.jsonl", "out/markdown/sub/Doc.md"]
+    assert len(files) == 3 and files[0].startswith("out/_state/output-owners/")
     assert (tmp_path / "out/markdown/sub/Doc.md").read_text() == "Hello\nWorld, again"
 
 
@@ -244,4 +253,142 @@ def test_write_outputs_s3(s3_bucket: str, s3_storage_options: dict[str, Any]) ->
     assert storage.read_bytes(uris["markdown"]).decode() == "Ünïcode page\n"
     assert json.loads(storage.read_bytes(uris["dolma"]))["metadata"]["Source-File"] == result.source
     _write(result, f"s3://{s3_bucket}/out", storage)
-    assert len(list(storage.list_objects(f"s3://{s3_bucket}/out"))) == 2
+    # The two outputs and the record saying they belong to this source.
+    assert len(list(storage.list_objects(f"s3://{s3_bucket}/out"))) == 3
+
+
+# ------------------------------------------------------------- no document overwrites another's
+
+
+def _text_of(markdown_uri: str, storage: Storage) -> str:
+    return storage.read_bytes(markdown_uri).decode()
+
+
+def _outputs(manifest: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {doc["source"]: doc["outputs"] for doc in manifest["documents"]}
+
+
+def test_another_folder_into_the_same_output_never_replaces_a_documents_outputs(
+    tmp_path: Path, standin: StandinServer
+) -> None:
+    """The issue's case: the same file name in a second input folder, converted into the same output."""
+    first, second, out = tmp_path / "demo", tmp_path / "elsewhere", tmp_path / "out"
+    first.mkdir()
+    second.mkdir()
+    (first / "annual-report.pdf").write_bytes(text_pdf(1, 201))
+    (second / "annual-report.pdf").write_bytes(text_pdf(1, 202))
+    common = ("--server", standin.url, "--model", standin.model, "--target-longest-image-dim", "512")
+    for folder, run_id in ((first, "demo"), (second, "other")):
+        result = run_cli("convert", str(folder), str(out), "--run-id", run_id, *common)
+        assert result.returncode == 0, result.stderr[-3000:]
+    storage = Storage()
+    demo = _outputs(json.loads((out / "manifests" / "demo.json").read_text()))[str(first / "annual-report.pdf")]
+    other = _outputs(json.loads((out / "manifests" / "other.json").read_text()))[str(second / "annual-report.pdf")]
+    assert demo["markdown"] == str(out / "markdown" / "annual-report.md")
+    assert "document 201 page 1" in _text_of(demo["markdown"], storage)
+    # The second source's outputs are beside the first's, named after its own location.
+    assert re.fullmatch(re.escape(str(out / "markdown" / "annual-report~")) + "[0-9a-f]{10}\\.md", other["markdown"])
+    assert "document 202 page 1" in _text_of(other["markdown"], storage)
+    assert json.loads(storage.read_bytes(other["dolma"]))["metadata"]["Source-File"] == str(
+        second / "annual-report.pdf"
+    )
+    # Rerunning either folder with --reprocess writes to the same keys again: nothing moves or multiplies.
+    result = run_cli("convert", str(second), str(out), "--run-id", "again", "--reprocess", *common)
+    assert result.returncode == 0, result.stderr[-3000:]
+    again = _outputs(json.loads((out / "manifests" / "again.json").read_text()))[str(second / "annual-report.pdf")]
+    assert again == other
+    assert sorted(p.name for p in (out / "markdown").iterdir()) == sorted(
+        ["annual-report.md", Path(other["markdown"]).name]
+    )
+
+
+def test_outputs_written_before_owner_records_keep_their_owner(tmp_path: Path, standin: StandinServer) -> None:
+    """An output tree from an earlier version has no owner records: its Dolma records say who wrote what."""
+    first, second, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
+    for folder, doc_id in ((first, 211), (second, 212)):
+        folder.mkdir()
+        (folder / "x.pdf").write_bytes(text_pdf(1, doc_id))
+    storage = Storage()
+    settings = quick_settings(standin.url)
+    run_conversion(RunRequest(str(first), str(out), "old", settings=settings), storage)
+    shutil.rmtree(out / "_state" / "output-owners")  # as written before this change
+    manifest, _ = run_conversion(RunRequest(str(second), str(out), "new", settings=settings), storage)
+    [entry] = manifest.documents
+    assert entry.status == "converted" and entry.outputs["markdown"] != str(out / "markdown" / "x.md")
+    assert "document 211 page 1" in _text_of(str(out / "markdown" / "x.md"), storage)
+    assert "document 212 page 1" in _text_of(entry.outputs["markdown"], storage)
+
+
+def test_case_and_unicode_twins_get_distinct_outputs(tmp_path: Path, standin: StandinServer) -> None:
+    inbox, out = tmp_path / "in", tmp_path / "out"
+    inbox.mkdir()
+    names = {
+        "scan.pdf": 221,
+        "scan.PDF": 222,
+        unicodedata.normalize("NFC", "Café.pdf"): 223,
+        unicodedata.normalize("NFD", "Café.pdf"): 224,
+        "Memo.pdf": 225,
+        "memo.pdf": 226,
+    }
+    for name, doc_id in names.items():
+        (inbox / name).write_bytes(text_pdf(1, doc_id))
+    assert len(list(inbox.iterdir())) == len(names)
+    storage = Storage()
+    manifest, _ = run_conversion(
+        RunRequest(str(inbox), str(out), "twins", settings=quick_settings(standin.url)), storage
+    )
+    by_source = {Path(doc.source).name: doc for doc in manifest.documents}
+    assert {doc.status for doc in by_source.values()} == {"converted"}
+    markdown = [by_source[name].outputs["markdown"] for name in names]
+    # Distinct even where only letter case differs, so a copy onto a case-insensitive disk keeps them all.
+    assert len({uri.casefold() for uri in markdown}) == len(names)
+    for name, doc_id in names.items():
+        assert f"document {doc_id} page 1" in _text_of(by_source[name].outputs["markdown"], storage), name
+
+
+def test_explicit_documents_from_other_buckets_and_folders_get_readable_distinct_keys(
+    tmp_path: Path, standin: StandinServer, s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    import boto3
+
+    storage = Storage(s3_storage_options)
+    client = boto3.client("s3", **_boto_options(s3_storage_options))
+    other_bucket = f"{s3_bucket}-other"
+    client.create_bucket(Bucket=other_bucket)
+    client.put_object(Bucket=s3_bucket, Key="in/x.pdf", Body=text_pdf(1, 231))
+    client.put_object(Bucket=other_bucket, Key="in/x.pdf", Body=text_pdf(1, 232))
+    local = tmp_path / "elsewhere" / "alpha.pdf"
+    local.parent.mkdir()
+    local.write_bytes(text_pdf(1, 233))
+    documents = (f"s3://{s3_bucket}/in/x.pdf", f"s3://{other_bucket}/in/x.pdf", str(local))
+    out = f"s3://{s3_bucket}/out"
+    request = RunRequest(
+        f"s3://{s3_bucket}/in", out, "explicit", settings=quick_settings(standin.url), documents=documents
+    )
+    manifest, _ = run_conversion(request, storage)
+    outputs = {doc.source: doc.outputs["markdown"] for doc in manifest.documents}
+    # The two x.pdf convert concurrently: whichever claims "x" first keeps it, the other gets a suffix.
+    plain, suffixed = sorted([outputs[documents[0]], outputs[documents[1]]], key=len)
+    assert plain == f"{out}/markdown/x.md"
+    assert re.fullmatch(re.escape(f"{out}/markdown/x~") + "[0-9a-f]{10}\\.md", suffixed)
+    # Outside the input folder: the file name, not the folder's absolute path.
+    assert outputs[documents[2]] == f"{out}/markdown/alpha.md"
+    for source, doc_id in zip(documents, (231, 232, 233), strict=True):
+        assert f"document {doc_id} page 1" in _text_of(outputs[source], storage)
+
+
+def _boto_options(options: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "aws_access_key_id": options["key"],
+        "aws_secret_access_key": options["secret"],
+        **options["client_kwargs"],
+    }
+
+
+def test_concurrent_claims_of_one_stem_have_exactly_one_winner(tmp_path: Path) -> None:
+    storage = Storage()
+    out = str(tmp_path / "out")
+    sources = [f"s3://bucket-{i}/in/x.pdf" for i in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        stems = list(pool.map(lambda source: claim_stem(storage, out, "x", source), sources))
+    assert stems.count("x") == 1 and len(set(stems)) == len(sources)

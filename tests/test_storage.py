@@ -9,6 +9,7 @@ import sys
 import time
 import unicodedata
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -396,6 +397,21 @@ def test_s3_large_multipart_write_is_all_or_nothing(
     s3_fault_proxy.clear()
     failing.write_bytes_atomic(uri, big)
     assert Storage(s3_storage_options).read_bytes(uri) == big
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_create_exclusive_has_exactly_one_winner(
+    where: str, tmp_path: Path, s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    storage = Storage(s3_storage_options)
+    base = str(tmp_path) if where == "local" else f"s3://{s3_bucket}/claims"
+    uri = join_uri(base, "deep", "owner.json")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        won = list(pool.map(lambda n: storage.create_exclusive(uri, f"writer {n}".encode()), range(8)))
+    assert won.count(True) == 1
+    assert storage.read_bytes(uri) == f"writer {won.index(True)}".encode()
+    assert storage.create_exclusive(uri, b"late") is False and storage.read_bytes(uri) != b"late"
+    assert [info.uri for info in storage.list_objects(base)] == [uri]
 
 
 def test_object_info_is_hashable_and_comparable() -> None:

@@ -55,6 +55,10 @@ class Backend(Protocol):
         """Replace the object atomically: readers see the old content or the new one."""
         ...
 
+    def create(self, uri: str, data: bytes) -> bool:
+        """Write the object only if it does not exist yet (atomically); False when it already did."""
+        ...
+
     def stat(self, uri: str) -> ObjectInfo | None:
         """None when the object does not exist."""
         ...

@@ -43,6 +43,8 @@ _TRANSIENT_CODES = frozenset(
         "TooManyRequestsException",
         "OperationAborted",
         "BandwidthLimitExceeded",
+        # A conditional write raced another write to the same key: asking again gets a clear answer.
+        "ConditionalRequestConflict",
         "500",
         "502",
         "503",
@@ -82,7 +84,7 @@ def _transient_exception_types() -> tuple[type[BaseException], ...]:
 
 @dataclass(frozen=True)
 class Failure:
-    kind: str  # "not_found" | "denied" | "credentials" | "transient" | "permanent"
+    kind: str  # "not_found" | "denied" | "credentials" | "transient" | "exists" | "permanent"
     code: str | None
     status: int | None
 
@@ -110,6 +112,8 @@ def classify(exc: BaseException) -> Failure:
                 return Failure("not_found", code, status)
             if code in _DENIED_CODES or status == 403:
                 return Failure("denied", code, status)
+            if code == "PreconditionFailed" or status == 412:
+                return Failure("exists", code, status)
             return Failure("permanent", code, status)
     for item in _chain(exc):
         if type(item).__name__ in ("NoCredentialsError", "PartialCredentialsError"):

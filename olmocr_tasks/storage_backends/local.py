@@ -42,6 +42,26 @@ class LocalBackend:
 
         _atomic_local(local_path(uri), fill, make_dirs=True)
 
+    def create(self, uri: str, data: bytes) -> bool:
+        path = local_path(uri)
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        temp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(6)}{TEMP_SUFFIX}")
+        try:
+            with open(temp, "xb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            # A hard link appears complete and fails if the name exists: create-if-absent in one step.
+            os.link(temp, path)
+        except FileExistsError:
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(temp)
+        _fsync_dir(folder)
+        return True
+
     def write_file_atomically(self, path: str, fill: Callable[[str], None]) -> None:
         """Let ``fill`` write a temp file beside ``path``, then rename it over ``path`` (see ``_atomic_local``)."""
         _atomic_local(path, fill, make_dirs=True)

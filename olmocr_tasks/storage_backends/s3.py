@@ -118,6 +118,17 @@ class S3Backend:
         extra = {"ContentType": content_type} if content_type else {}
         self._s3fs().pipe_file(f"{bucket}/{key}", data, chunksize=self.multipart_chunksize, **extra)
 
+    def create(self, uri: str, data: bytes) -> bool:
+        bucket, key = _object_key(uri)
+        try:
+            # S3 conditional write: 412 PreconditionFailed when the key exists.
+            self._s3fs().call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        except Exception as exc:
+            if classify(exc).kind == "exists":
+                return False
+            raise
+        return True
+
     def stat(self, uri: str) -> ObjectInfo | None:
         bucket, key = split_s3(uri)
         if not key:
