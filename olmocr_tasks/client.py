@@ -6,9 +6,12 @@ What it adds over a bare HTTP client, each in answer to a failure seen with olmO
 * retries of transport errors, timeouts, 429 and 5xx with jittered exponential backoff honouring
   ``Retry-After``, bounded per call, expressed with tenacity;
 * an outage circuit breaker (``outage``): when no request succeeds for ``outage_window_s`` while
-  requests keep failing, every pending and future call raises ``ServerUnavailable`` so the task aborts
-  and Airflow retries it later. An outage is never turned into failed page attempts (olmOCR either
-  waited ~2.8 h per page or killed the process);
+  requests keep failing and the server fails its readiness probes too, every pending and future call
+  raises ``ServerUnavailable`` so the task aborts and Airflow retries it later. An outage is never
+  turned into failed page attempts (olmOCR either waited ~2.8 h per page or killed the process), and
+  requests that hang on a healthy server are not an outage;
+* hedged requests (``hedging``): a request outstanding far longer than answered requests usually
+  take gets a second request for the same body when the server has room; the first answer wins;
 * least-outstanding-requests balancing over replicas, with a cool-off for replicas that stop
   answering (``replicas``);
 * an in-flight window sized from vLLM's ``/metrics`` (``backpressure``), so several runs sharing a
@@ -41,7 +44,7 @@ from urllib.parse import urlsplit
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from olmocr_tasks.backpressure import InFlightWindow, MetricsPoller, metrics_url_for
+from olmocr_tasks.backpressure import InFlightWindow, MetricsPoller, metrics_url_for, target_waiting
 from olmocr_tasks.config import ServerSettings
 from olmocr_tasks.errors import (
     AttemptFailed,
@@ -50,6 +53,7 @@ from olmocr_tasks.errors import (
     ServerNotReady,
     ServerUnavailable,
 )
+from olmocr_tasks.hedging import HedgePolicy, HedgeSettings
 from olmocr_tasks.outage import OutageBreaker
 from olmocr_tasks.readiness import ModelsProbe, wait_ready
 from olmocr_tasks.redaction import redact_text, redact_url
@@ -63,6 +67,8 @@ _CONNECTION_HEADROOM = 4
 # avoids reusing a connection the server is closing, which fails the request mid-flight.
 _KEEPALIVE_EXPIRY_S = 3.0
 _ERROR_SNIPPET_CHARS = 300
+# Outage probes ask a question a live server answers at once, whatever its queue.
+_PROBE_TIMEOUT_S = 10.0
 
 _slot_owner: contextvars.ContextVar[object | None] = contextvars.ContextVar("olmocr_slot_owner", default=None)
 
@@ -82,6 +88,10 @@ class ClientStats:
     window_mode: str
     breaker_open: bool
     replicas: tuple[ReplicaStats, ...]
+    # Second requests sent for slow requests (never page attempts), and outage probes by verdict.
+    hedged: int = 0
+    probes_ok: int = 0
+    probes_failed: int = 0
 
 
 class _Retryable(Exception):
@@ -98,11 +108,12 @@ class _Retryable(Exception):
 class _CallState:
     """Bookkeeping of one ``complete()`` call across its attempts."""
 
-    __slots__ = ("backoff_rounds", "failed_replicas", "last_attempt_started", "started")
+    __slots__ = ("backoff_rounds", "failed_replicas", "last_attempt_started", "previous_attempt_started", "started")
 
     def __init__(self, started: float) -> None:
         self.started = started
         self.last_attempt_started = started
+        self.previous_attempt_started = started
         self.failed_replicas: set[Replica] = set()
         self.backoff_rounds = 0
 
@@ -168,6 +179,13 @@ class InferenceClient:
             headers["Authorization"] = f"Bearer {settings.api_key}"
         self._headers = headers
         connections = settings.max_concurrent_requests + len(self._replicas) + _CONNECTION_HEADROOM
+        # Probes and /metrics polls have their own small pool: they must never wait behind pages
+        # (hung requests included) for a connection.
+        self._control_http = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=2 * len(self._replicas) + _CONNECTION_HEADROOM),
+            verify=settings.verify_tls,
+            follow_redirects=False,
+        )
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(
                 connect=settings.connect_timeout_s,
@@ -196,6 +214,18 @@ class InferenceClient:
         self._breaker = OutageBreaker(settings.outage_window_s, clock)
         self._opened: asyncio.Future[None] | None = None
         self._outage_timer: asyncio.TimerHandle | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._hedging = HedgePolicy(
+            HedgeSettings(
+                enabled=settings.hedge_requests,
+                percentile=settings.hedge_percentile,
+                multiple=settings.hedge_multiple,
+                min_delay_s=settings.hedge_min_delay_s,
+                max_hedges=settings.max_hedges_per_request,
+            )
+        )
+        self._hedges_in_flight = 0
+        self._hedged = 0
         self._poller: asyncio.Task[None] | None = None
         self._closed = False
         self._requests = 0
@@ -221,19 +251,21 @@ class InferenceClient:
         if self._outage_timer is not None:
             self._outage_timer.cancel()
             self._outage_timer = None
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
-            self._poller = None
+        for task in (self._poller, self._probe):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._poller = self._probe = None
         await self._http.aclose()
+        await self._control_http.aclose()
 
     def _ensure_started(self) -> None:
         if self._closed:
             raise RuntimeError("InferenceClient is closed")
         if self._window.adaptive and self._poller is None:
             poller = MetricsPoller(
-                self._http,
+                self._control_http,
                 list(self._replicas),
                 self._window,
                 interval_s=self._settings.metrics_poll_interval_s,
@@ -289,7 +321,7 @@ class InferenceClient:
         timeout = self._settings.readiness_timeout_s
         result = await wait_ready(
             replica.probe,
-            self._http,
+            self._control_http,
             timeout_s=timeout,
             interval_s=min(1.0, max(0.05, timeout / 20)),
             request_timeout=self._probe_timeout(),
@@ -331,27 +363,28 @@ class InferenceClient:
             _slot_owner.reset(token)
             self._limiter.release()
 
-    async def complete(self, body: bytes) -> dict[str, Any]:
+    async def complete(self, body: bytes, *, on_hedge: Callable[[], None] | None = None) -> dict[str, Any]:
         """POST a prebuilt chat-completion body; return the decoded JSON of the 200 answer.
 
         Raises ``AttemptFailed`` for a failure of this page attempt, ``ServerNotReady`` for bad
-        credentials and ``ServerUnavailable`` once the outage breaker is open.
+        credentials and ``ServerUnavailable`` once the outage breaker is open. ``on_hedge`` is called
+        for each second request sent because this one was slow.
         """
         self._ensure_started()
         self._raise_if_open()
         if _slot_owner.get() is self:
-            return await self._complete_or_abort(body)
+            return await self._complete_or_abort(body, on_hedge)
         async with self.slot():
-            return await self._complete_or_abort(body)
+            return await self._complete_or_abort(body, on_hedge)
 
     def _raise_if_open(self) -> None:
         if self._breaker.open_message is not None:
             raise ServerUnavailable(self._breaker.open_message)
 
-    async def _complete_or_abort(self, body: bytes) -> dict[str, Any]:
+    async def _complete_or_abort(self, body: bytes, on_hedge: Callable[[], None] | None) -> dict[str, Any]:
         # The retry loop runs as its own task so an opening breaker can cut short a backoff sleep or
         # a hung request at once instead of letting every caller wait out its budget.
-        work = asyncio.ensure_future(self._complete_with_retries(body))
+        work = asyncio.ensure_future(self._complete_hedged(body, on_hedge))
         try:
             await asyncio.wait({work, self._outage_opened()}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
@@ -364,6 +397,70 @@ class InferenceClient:
         await asyncio.gather(work, return_exceptions=True)
         self._outcomes["unavailable"] += 1
         raise ServerUnavailable(self._breaker.open_message or "inference server unavailable")
+
+    async def _complete_hedged(self, body: bytes, on_hedge: Callable[[], None] | None) -> dict[str, Any]:
+        """The request, plus a hedge whenever the newest request is outstanding past the hedge delay
+        and the server has room; the first answer wins and the others are cancelled."""
+        arms = {asyncio.ensure_future(self._complete_with_retries(body))}
+        newest_started = self._clock()
+        # While the server has no room for a hedge, look again once its queue or the window may
+        # have moved (rather than at the hedge delay, which has passed).
+        recheck_at: float | None = None
+        hedges = 0
+        failure: BaseException | None = None
+        try:
+            while True:
+                delay = self._hedging.delay() if hedges < self._hedging.settings.max_hedges else None
+                due_at = None if delay is None else max(newest_started + delay, recheck_at or -math.inf)
+                timeout = None if due_at is None else max(0.0, due_at - self._clock())
+                done, _ = await asyncio.wait(arms, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                for arm in done:
+                    arms.discard(arm)
+                    error = arm.exception()
+                    if error is None:
+                        return arm.result()
+                    if not isinstance(error, AttemptFailed):
+                        raise error
+                    # This request failed; another still outstanding may yet answer.
+                    failure = failure or error
+                if not arms:
+                    assert failure is not None
+                    raise failure
+                if done:
+                    continue
+                if not self._room_for_hedge():
+                    recheck_at = self._clock() + self._settings.metrics_poll_interval_s
+                    continue
+                arms.add(asyncio.ensure_future(self._hedge(body)))
+                newest_started = self._clock()
+                recheck_at = None
+                hedges += 1
+                if on_hedge is not None:
+                    on_hedge()
+        finally:
+            for arm in arms:
+                arm.cancel()
+            await asyncio.gather(*arms, return_exceptions=True)
+
+    def _room_for_hedge(self) -> bool:
+        """Does the server have spare capacity for a second request? Its queue says so when vLLM's
+        metrics are read; otherwise a free place in the in-flight window does."""
+        if self._hedges_in_flight >= max(1, self._window.controller.ceiling // 4):
+            return False
+        now = self._clock()
+        samples = [r.sample for r in self._replicas if r.sample is not None and not r.cooling(now)]
+        if self._window.adaptive and samples:
+            return sum(s.waiting for s in samples) <= sum(target_waiting(s.running) for s in samples)
+        return self._limiter.in_use < self._limiter.limit
+
+    async def _hedge(self, body: bytes) -> dict[str, Any]:
+        self._hedges_in_flight += 1
+        self._hedged += 1
+        log.debug("hedging a request outstanding past %.1f s", self._hedging.delay() or 0.0)
+        try:
+            return await self._complete_with_retries(body)
+        finally:
+            self._hedges_in_flight -= 1
 
     async def _complete_with_retries(self, body: bytes) -> dict[str, Any]:
         call = _CallState(self._clock())
@@ -394,9 +491,10 @@ class InferenceClient:
         spent = self._clock() - call.started + state.upcoming_sleep
         if spent < self._settings.request_retry_budget_s:
             return False
-        # Give up on this page only if the server demonstrably works (something succeeded since our
-        # last attempt started); otherwise this may be an outage, which the breaker must decide.
-        return self._breaker.healthy_since(call.last_attempt_started)
+        # Give up on this page only if the server demonstrably works (it answered a request or a probe
+        # since our previous attempt started); otherwise this may be an outage, which the breaker
+        # must decide.
+        return self._breaker.alive_since(call.previous_attempt_started)
 
     def _backoff(self, state: RetryCallState, call: _CallState) -> float:
         exc = state.outcome.exception() if state.outcome is not None else None
@@ -416,6 +514,7 @@ class InferenceClient:
     async def _attempt(self, body: bytes, call: _CallState) -> dict[str, Any]:
         replica = self._replicas.pick(call.failed_replicas, self._clock())
         started = self._clock()
+        call.previous_attempt_started = call.last_attempt_started
         call.last_attempt_started = started
         replica.outstanding += 1
         replica.requests += 1
@@ -471,6 +570,7 @@ class InferenceClient:
             raise AttemptFailed("HTTP 200 with a JSON body that is not an object")
         replica.successes += 1
         self._outcomes["ok"] += 1
+        self._hedging.record(self._clock() - started)
         return payload
 
     def _failed(self, call: _CallState, replica: Replica, started: float, kind: str, exc: BaseException) -> _Retryable:
@@ -482,7 +582,7 @@ class InferenceClient:
         self._outcomes[failure.kind] += 1
         replica.failed(failure.kind, self._clock())
         call.failed_replicas.add(replica)
-        self._breaker.failure(call, started, failure.message)
+        self._breaker.failure(call, started, failure.message, failure.kind)
         self._watch_outage()
         log.debug("request to %s failed: %s", replica.display, failure.message)
 
@@ -504,6 +604,7 @@ class InferenceClient:
             if self._opened is not None and not self._opened.done():
                 self._opened.set_result(None)
             return
+        self._start_probe_if_due()
         delay = self._breaker.next_check_in()
         if delay is None:
             return
@@ -513,6 +614,30 @@ class InferenceClient:
     def _outage_due(self) -> None:
         self._outage_timer = None
         self._breaker.check()
+        self._watch_outage()
+
+    def _start_probe_if_due(self) -> None:
+        if self._closed or not self._breaker.probe_due():
+            return
+        self._breaker.probe_started()
+        self._probe = asyncio.get_running_loop().create_task(self._probe_server(), name="olmocr-outage-probe")
+
+    async def _probe_server(self) -> None:
+        """Is the server up although requests fail? Any replica listing the model says it is."""
+        timeout = httpx.Timeout(min(_PROBE_TIMEOUT_S, max(0.05, self._settings.outage_window_s / 4)))
+        try:
+            results = await asyncio.gather(*(r.probe.probe(self._control_http, timeout) for r in self._replicas))
+        except Exception as exc:  # a bug here must not leave the breaker waiting for a verdict
+            self._breaker.probe_failed(self._describe_exception(exc))
+        else:
+            if any(result.ready for result in results):
+                self._breaker.probe_answered()
+            else:
+                self._breaker.probe_failed(
+                    "; ".join(f"{r.display}: {res.detail}" for r, res in zip(self._replicas, results, strict=True))
+                )
+        finally:
+            self._probe = None
         self._watch_outage()
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -543,6 +668,9 @@ class InferenceClient:
             window_mode=self._window.mode,
             breaker_open=self._breaker.is_open,
             replicas=self._replicas.stats(self._clock()),
+            hedged=self._hedged,
+            probes_ok=self._breaker.probes_ok,
+            probes_failed=self._breaker.probes_failed,
         )
 
 

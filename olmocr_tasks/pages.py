@@ -12,12 +12,16 @@ Semantics follow olmOCR 0.4.27's ``process_page`` for an external server:
 
 Unlike olmOCR, transport failures are not page attempts: the client retries them, and an outage
 surfaces as ``ServerUnavailable`` which aborts the conversion instead of producing fallback pages.
+Hedged requests (a second request for a slow one, see ``hedging``) are not attempts either; a page
+counts them in ``PageResult.hedged``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -48,7 +52,15 @@ class PageRenderer(Protocol):
 class CompletionClient(Protocol):
     def slot(self) -> AbstractAsyncContextManager[None]: ...
 
-    async def complete(self, body: bytes) -> dict: ...
+    async def complete(self, body: bytes, *, on_hedge: Callable[[], None] | None = None) -> dict: ...
+
+
+@dataclass
+class _Hedges:
+    count: int = 0
+
+    def add(self) -> None:
+        self.count += 1
 
 
 @dataclass
@@ -73,6 +85,11 @@ class PageConverter:
         self._settings = settings
 
     async def convert(self, path: str, page_index: int) -> PageResult:
+        hedges = _Hedges()
+        result = await self._convert(path, page_index, hedges)
+        return dataclasses.replace(result, hedged=hedges.count) if hedges.count else result
+
+    async def _convert(self, path: str, page_index: int, hedges: _Hedges) -> PageResult:
         page_number = page_index + 1
         rotation = 0
         accepted: _Candidate | None = None
@@ -85,7 +102,7 @@ class PageConverter:
         for attempt in range(self._settings.max_page_retries):
             attempts += 1
             try:
-                payload, elapsed = await self._ask(path, page_index, rotation, attempt)
+                payload, elapsed = await self._ask(path, page_index, rotation, attempt, hedges)
             except RenderError as exc:
                 failure_reason = f"render failed: {exc}"
                 break  # rendering again would fail (or hang) again; the text layer is all we can offer
@@ -139,7 +156,9 @@ class PageConverter:
             server_output_tokens=server_out,
         )
 
-    async def _ask(self, path: str, page_index: int, rotation: int, attempt: int) -> tuple[dict, float]:
+    async def _ask(
+        self, path: str, page_index: int, rotation: int, attempt: int, hedges: _Hedges
+    ) -> tuple[dict, float]:
         # The slot is taken before rendering so that rendered images never pile up in memory: at most
         # one image per in-flight request exists at any time.
         async with self._client.slot():
@@ -149,7 +168,7 @@ class PageConverter:
             body = self._builder.build(image, temperature_for_attempt(attempt))
             del image
             started = time.monotonic()
-            payload = await self._client.complete(body)
+            payload = await self._client.complete(body, on_hedge=hedges.add)
             return payload, time.monotonic() - started
 
     async def _fallback_text(self, path: str, page_index: int) -> str:

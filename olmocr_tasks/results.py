@@ -31,6 +31,8 @@ class PageResult:
     # Tokens of every answered attempt, retries included (what the server actually spent).
     server_input_tokens: int = 0
     server_output_tokens: int = 0
+    # Second requests sent because a request was slow (see olmocr_tasks.hedging); never attempts.
+    hedged: int = 0
 
     @classmethod
     def from_response(
@@ -113,6 +115,8 @@ class DocumentTotals:
     # Seconds of each non-fallback page's accepted attempt, and how many pages each attempt number won.
     page_latencies_s: tuple[float, ...]
     accepted_attempt_histogram: dict[str, int]
+    # Hedged requests of the document's pages (not attempts).
+    hedged: int = 0
 
     @classmethod
     def of(cls, pages: Sequence[PageResult]) -> DocumentTotals:
@@ -130,6 +134,7 @@ class DocumentTotals:
             server_output_tokens=sum(page.server_output_tokens for page in pages),
             page_latencies_s=tuple(round(page.latency_s, 4) for page in pages if not page.is_fallback),
             accepted_attempt_histogram=histogram,
+            hedged=sum(page.hedged for page in pages),
         )
 
 
