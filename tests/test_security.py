@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -39,6 +40,7 @@ from olmocr_tasks.pipeline import (
 )
 from olmocr_tasks.storage import Storage
 from tests import pdfgen
+from tests.airflow_env import AirflowEnv
 from tests.fixtures.s3 import FaultProxy
 from tests.reliability_checks import (
     assert_manifest_matches_outputs,
@@ -399,3 +401,81 @@ def test_servers_listen_on_loopback_by_default() -> None:
     with StandinServer() as server:  # the fixture's default, as the tests use it
         assert ipaddress.ip_address(server.core.host).is_loopback
         assert server.url.startswith("http://127.0.0.1:")
+
+
+# ------------------------------------------------------------------ the allow-list, through Airflow
+
+
+def _files_under(folder: Path) -> list[Path]:
+    return [path for path in folder.rglob("*") if path.is_file()] if folder.exists() else []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_run_pointed_outside_the_allowed_folders_fails_before_reading_or_writing(
+    airflow_env: AirflowEnv, tmp_path: Path
+) -> None:
+    inbox, out, private = tmp_path / "inbox", tmp_path / "out", tmp_path / "private"
+    inbox.mkdir()
+    private.mkdir()
+    (inbox / "ok.pdf").write_bytes(pdfgen.text_pdf(1, 81))
+    (private / "payroll.pdf").write_bytes(pdfgen.text_pdf(1, 82))
+    # The deployment configures its locations; the allow-lists default to them.
+    airflow = airflow_env.with_env(OLMOCR_INPUT_URI=str(inbox), OLMOCR_OUTPUT_URI=str(out))
+    conf = {"documents": [str(inbox / "ok.pdf"), f"{inbox}/../private/payroll.pdf"]}
+    result = airflow.dag_test("olmocr_ingest", conf=conf)
+    assert result.state == "failed", result.tail()
+    assert f"input '{inbox}/../private/payroll.pdf' is not allowed" in result.output
+    states = airflow.task_states("olmocr_ingest", result.run_id or "")
+    assert states[("plan", -1)] == "failed"
+    assert not any(task == "convert" and state == "success" for (task, _), state in states.items())
+    assert _files_under(out) == [], "nothing may be written for a refused run"
+
+    # The same through the output Param: refused with the offending URI, nothing written there.
+    elsewhere = tmp_path / "elsewhere"
+    result = airflow.dag_test("olmocr_ingest", conf={"input_uri": str(inbox), "output_uri": str(elsewhere)})
+    assert result.state == "failed" and f"output '{elsewhere}' is not allowed" in result.output
+    assert _files_under(elsewhere) == [] and _files_under(out) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_event_naming_another_bucket_fails_the_event_run(
+    airflow_env: AirflowEnv, moto_server: str, s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    client = boto3.client("s3", **_boto_client_options(s3_storage_options))
+    client.put_object(Bucket=s3_bucket, Key="inbox/a.pdf", Body=pdfgen.text_pdf(1, 83))
+    foreign = f"{s3_bucket}-foreign"
+    client.create_bucket(Bucket=foreign)
+    client.put_object(Bucket=foreign, Key="inbox/b.pdf", Body=pdfgen.text_pdf(1, 84))
+    body = json.dumps(
+        {
+            "Records": [
+                {
+                    "eventSource": "aws:s3",
+                    "eventName": "ObjectCreated:Put",
+                    "s3": {"bucket": {"name": b}, "object": {"key": k}},
+                }
+                for b, k in ((s3_bucket, "inbox/a.pdf"), (foreign, "inbox/b.pdf"))
+            ]
+        }
+    )
+    event = {
+        "from_trigger": True,
+        "payload": {"status": "success", "message_batch": [{"MessageId": "1", "Body": body}]},
+    }
+    airflow = airflow_env.with_env(
+        OLMOCR_INPUT_URI=f"s3://{s3_bucket}/inbox/", OLMOCR_OUTPUT_URI=f"s3://{s3_bucket}/out/"
+    )
+    result = airflow.dag_test("olmocr_s3_events", logical_date=None, asset_events=[event])
+    assert result.state == "failed", result.tail()
+    assert f"input 's3://{foreign}/inbox/b.pdf' is not allowed" in result.output
+    assert "Contents" not in client.list_objects_v2(Bucket=s3_bucket, Prefix="out/")
+
+
+def _boto_client_options(options: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "aws_access_key_id": options["key"],
+        "aws_secret_access_key": options["secret"],
+        **options["client_kwargs"],
+    }

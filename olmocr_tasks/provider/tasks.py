@@ -46,6 +46,7 @@ from airflow.sdk import (
 )
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from olmocr_tasks.access import check_run_allowed
 from olmocr_tasks.config import ConversionSettings
 from olmocr_tasks.errors import ConfigurationError, InfrastructureError, ServerMisconfigured, ServerNotReady
 from olmocr_tasks.pipeline import (
@@ -251,6 +252,8 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
     documents = event_documents_body(context, event_asset) if event_asset is not None else None
     try:
         request = build_request(context, documents, planning=True)
+        # Before any read or write: Params, documents and event keys inside the deployment's allow-list.
+        check_run_allowed(request.input_uri, request.output_uri, request.documents)
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
     served = context["ti"].xcom_pull(task_ids="check_server")
