@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from olmocr_tasks.failure_report import FailureReport, build_failure_report
+from olmocr_tasks.failure_report import FailureReport, build_failure_report, error_class_counts
 
 log = logging.getLogger(__name__)
 
@@ -90,22 +90,60 @@ def make_notifier(config: NotifierConfig) -> Any:
 
 
 def report_from_context(context: Mapping[str, Any]) -> FailureReport:
-    """The failed run's report from a DAG callback context (in the DAG processor, or ``dag.test``)."""
+    """The failed run's report from a DAG callback context (in the DAG processor, or ``dag.test``).
+
+    The run's manifest is read first: it is the record of the run and holds the error classes. When
+    it cannot be read (never published, storage unreachable), the publish task's XCom summary still
+    gives the counts; a run that got neither is reported by its failed task alone.
+    """
     ti = context.get("ti")
+    summary = _summary_from_manifest(context) or _publish_summary(ti)
     dag_run = context.get("dag_run")
-    summary = None
-    if ti is not None:
-        try:
-            summary = ti.xcom_pull(task_ids=PUBLISH_TASK_ID)
-        except Exception as exc:  # the report must still go out, if without the run's counts
-            log.warning("could not read the %s summary: %s", PUBLISH_TASK_ID, exc)
     return build_failure_report(
         dag_id=context["dag"].dag_id,
         run_id=str(context.get("run_id") or getattr(dag_run, "run_id", "")),
         reason=str(context.get("reason") or "failed"),
         failed_task=getattr(ti, "task_id", None),
-        publish_summary=summary if isinstance(summary, Mapping) else None,
+        publish_summary=summary,
     )
+
+
+def _summary_from_manifest(context: Mapping[str, Any]) -> dict[str, Any] | None:
+    from olmocr_tasks.manifest import manifest_uri
+    from olmocr_tasks.provider.hooks import storage_for
+
+    output_uri = (context.get("params") or {}).get("output_uri")
+    dag_run = context.get("dag_run")
+    if not output_uri or dag_run is None:
+        return None
+    # The manifest's run id, as the publish task names it (provider.tasks.airflow_run_id).
+    uri = manifest_uri(output_uri, f"{context['dag'].dag_id}__{dag_run.run_id}")
+    try:
+        data = storage_for([output_uri]).read_bytes_or_none(uri)
+        manifest = json.loads(data) if data is not None else None
+    except Exception as exc:  # the report must still go out, if with less in it
+        log.warning("could not read the run manifest %s: %s", uri, exc)
+        return None
+    if not isinstance(manifest, Mapping):
+        return None
+    documents = manifest.get("documents") or []
+    return {
+        "manifest": uri,
+        **(manifest.get("counts") or {}),
+        "error_budget": manifest.get("error_budget") or {},
+        "error_classes": error_class_counts(documents),
+    }
+
+
+def _publish_summary(ti: Any) -> Mapping[str, Any] | None:
+    if ti is None:
+        return None
+    try:
+        summary = ti.xcom_pull(task_ids=PUBLISH_TASK_ID)
+    except Exception as exc:  # e.g. dag.test() runs callbacks without the task supervisor's XCom channel
+        log.warning("could not read the %s summary: %s", PUBLISH_TASK_ID, exc)
+        return None
+    return summary if isinstance(summary, Mapping) else None
 
 
 def notify_run_failure(context: Mapping[str, Any]) -> None:
@@ -117,5 +155,11 @@ def notify_run_failure(context: Mapping[str, Any]) -> None:
         return
     report = report_from_context(context)
     notifier = make_notifier(config)
-    notifier({**context, "olmocr_failure": report.template_context()})
+    notifier_context = {**context, "olmocr_failure": report.template_context()}
+    if not hasattr(context.get("dag"), "get_template_env"):
+        # dag.test() hands DAG callbacks its serialized DAG, which cannot make a template environment
+        # (the DAG processor, where deployed callbacks run, hands the DAG itself): without a DAG the
+        # notifier renders in Airflow's sandboxed default environment.
+        notifier_context["dag"] = None
+    notifier(notifier_context)
     log.info("failure of %s / %s reported through %s", report.dag_id, report.run_id, config.notifier)

@@ -1,0 +1,243 @@
+"""Failure notifications: the report of a failed run, and its delivery by an Airflow notifier.
+
+The report (``olmocr_tasks.failure_report``) is checked on its own; then a DAG run that fails after
+publishing a real run's summary is run with ``dag.test()``, its ``on_failure_callback`` configured only
+through an Airflow Variable and an SMTP connection (environment variables), and the mail is read from
+a local SMTP server (aiosmtpd on 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import json
+import socket
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiosmtpd.controller import Controller
+
+from olmocr_tasks.failure_report import build_failure_report, error_class_counts
+from olmocr_tasks.provider.notifications import NotifierConfigError, make_notifier, parse_notifier_config
+from tests import pdfgen
+from tests.airflow_env import AirflowEnv
+from tests.reliability_checks import run_cli
+from tests.standin.server import StandinServer
+
+SMTP_NOTIFIER = "airflow.providers.smtp.notifications.smtp.SmtpNotifier"
+FAST = ["--read-timeout", "5", "--outage-window", "3", "--ready-timeout", "3"]
+
+
+# -- the report -------------------------------------------------------------------------------------------
+
+SUMMARY = {
+    "manifest": "s3://bucket/out/manifests/olmocr_ingest__manual_1.json",
+    "run_id": "olmocr_ingest__manual_1",
+    "documents": 5,
+    "converted": 2,
+    "failed": 3,
+    "skipped": 0,
+    "not_converted": 0,
+    "dead_letters": 1,
+    "pages": 9,
+    "error_classes": {"corrupt_pdf": 2, "<script>x</script>": 1},
+    "error_budget": {"exceeded": True, "problems": ["3 of 5 documents failed (60.0%), over the budget of 5.0%"]},
+}
+
+
+def test_error_classes_are_counted_from_failed_entries() -> None:
+    documents = [
+        {"status": "failed", "error_class": "corrupt_pdf"},
+        {"status": "failed", "error_class": "too_large"},
+        {"status": "failed", "error_class": "corrupt_pdf"},
+        {"status": "converted", "error_class": None},
+        {"status": "failed", "error_class": None},
+    ]
+    assert error_class_counts(documents) == {"corrupt_pdf": 2, "too_large": 1, "unknown": 1}
+
+
+def test_report_names_run_manifest_counts_classes_and_problems() -> None:
+    report = build_failure_report("olmocr_ingest", "manual_1", "task_failure", failed_task="enforce_error_budget",
+                                  publish_summary=SUMMARY)  # fmt: skip
+    assert report.subject == "olmOCR run failed: olmocr_ingest / manual_1 (3 of 5 documents failed)"
+    text = report.text
+    for expected in (
+        "Manifest: s3://bucket/out/manifests/olmocr_ingest__manual_1.json",
+        "Failed: 3",
+        "Dead letters: 1",
+        "Failed task: enforce_error_budget",
+        "Error classes: corrupt_pdf: 2, <script>x</script>: 1",
+        "Problem: 3 of 5 documents failed (60.0%), over the budget of 5.0%",
+    ):
+        assert expected in text, text
+    assert "<script>" not in report.html and "&lt;script&gt;x&lt;/script&gt;: 1" in report.html
+
+
+def test_report_of_a_run_that_never_published() -> None:
+    report = build_failure_report("olmocr_ingest", "manual_2", "task_failure", failed_task="check_server")
+    assert "Manifest: none: the run failed before its manifest was published" in report.text
+    assert report.subject.endswith("(task_failure)") and report.counts == {} and report.error_classes == {}
+
+
+def test_manifest_link_never_carries_a_password() -> None:
+    summary = {**SUMMARY, "manifest": "https://user:hunter2@minio.example/out/manifests/r.json"}
+    report = build_failure_report("d", "r", "task_failure", publish_summary=summary)
+    assert "hunter2" not in report.text + report.html
+
+
+# -- the configuration --------------------------------------------------------------------------------------
+
+
+def test_no_variable_means_no_notifications() -> None:
+    assert parse_notifier_config(None) is None and parse_notifier_config("  ") is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1]", "JSON object"),
+        ('{"kwargs": {}}', '"notifier"'),
+        ('{"notifier": "SmtpNotifier"}', '"notifier"'),
+        (json.dumps({"notifier": SMTP_NOTIFIER, "kwargs": []}), '"kwargs"'),
+        (json.dumps({"notifier": SMTP_NOTIFIER, "to": "x"}), "unknown key"),
+    ],
+)
+def test_bad_configurations_say_what_is_wrong(raw: str, message: str) -> None:
+    with pytest.raises(NotifierConfigError, match=message):
+        parse_notifier_config(raw)
+
+
+def test_only_airflow_notifiers_are_accepted() -> None:
+    for path, message in (("json.JSONDecoder", "not an Airflow notifier"), ("no_such_module.Thing", "cannot import")):
+        config = parse_notifier_config(json.dumps({"notifier": path}))
+        assert config is not None
+        with pytest.raises(NotifierConfigError, match=message):
+            make_notifier(config)
+
+
+def test_message_fields_default_to_the_report_unless_configured() -> None:
+    config = parse_notifier_config({"notifier": SMTP_NOTIFIER, "kwargs": {"to": "a@example.com", "subject": "Mine"}})
+    assert config is not None
+    notifier = make_notifier(config)
+    assert notifier.subject == "Mine"
+    assert notifier.html_content == "{{ olmocr_failure.html }}"
+
+
+# -- through Airflow: dag.test(), the callback, an SMTP server ----------------------------------------------
+
+PROBE_DAG = """
+import os
+from datetime import datetime
+from pathlib import Path
+
+from airflow.sdk import dag, get_current_context, task
+from airflow.sdk.exceptions import AirflowFailException
+
+from olmocr_tasks.manifest import manifest_uri
+from olmocr_tasks.provider.notifications import notify_run_failure
+
+
+@dag(schedule=None, start_date=datetime(2026, 1, 1), catchup=False, params={"output_uri": os.environ["PROBE_OUTPUT"]},
+     on_failure_callback=notify_run_failure)
+def olmocr_notify_probe():
+    @task(task_id="publish_manifest")
+    def publish() -> dict:
+        # Publishes a real run's manifest under this run's name, where the publish task writes it.
+        context = get_current_context()
+        uri = manifest_uri(context["params"]["output_uri"], f"{context['dag'].dag_id}__{context['dag_run'].run_id}")
+        Path(uri).write_text(os.environ["PROBE_MANIFEST_JSON"])
+        return {"manifest": uri}
+
+    @task
+    def enforce_error_budget() -> None:
+        raise AirflowFailException("over the budget")
+
+    publish() >> enforce_error_budget()
+
+
+olmocr_notify_probe()
+"""
+
+
+class _Inbox:
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, list[str], bytes]] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        self.messages.append((envelope.mail_from, list(envelope.rcpt_tos), envelope.content))
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp_server() -> Iterator[tuple[int, _Inbox]]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    inbox = _Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield port, inbox
+    finally:
+        controller.stop()
+
+
+@pytest.mark.slow
+def test_failed_run_mails_its_report_through_the_configured_notifier(
+    airflow_home: AirflowEnv, standin: StandinServer, smtp_server: tuple[int, _Inbox], tmp_path: Path
+) -> None:
+    port, inbox = smtp_server
+    pdfgen.write_pdf(tmp_path / "in" / "good.pdf", pdfgen.text_pdf(1, doc_id=1))
+    (tmp_path / "in" / "broken.pdf").write_bytes(pdfgen.not_a_pdf())
+    run = run_cli("convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, "--run-id", "n",
+                  *FAST)  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    manifest_path = tmp_path / "out" / "manifests" / "n.json"
+    manifest = json.loads(manifest_path.read_text())
+    (failed,) = [doc for doc in manifest["documents"] if doc["status"] == "failed"]
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "notify_probe.py").write_text(textwrap.dedent(PROBE_DAG))
+    airflow = airflow_home.with_env(
+        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+        PROBE_MANIFEST_JSON=json.dumps(manifest),
+        PROBE_OUTPUT=str(tmp_path / "out"),
+        # The whole configuration: a Variable naming the notifier, a connection for it.
+        AIRFLOW_VAR_OLMOCR_FAILURE_NOTIFIER=json.dumps(
+            {"notifier": SMTP_NOTIFIER, "kwargs": {"to": "ocr-team@example.com", "smtp_conn_id": "smtp_notify"}}
+        ),
+        AIRFLOW_CONN_SMTP_NOTIFY=json.dumps(
+            {
+                "conn_type": "smtp",
+                "host": "127.0.0.1",
+                "port": port,
+                "extra": {
+                    "from_email": "airflow@example.com",
+                    "disable_ssl": True,
+                    "disable_tls": True,
+                    "retry_limit": 0,
+                    "timeout": 30,
+                },
+            }
+        ),
+    )
+    result = airflow.dag_test("olmocr_notify_probe")
+    assert result.state == "failed", result.tail()
+
+    assert len(inbox.messages) == 1, result.tail()
+    sender, recipients, raw = inbox.messages[0]
+    assert (sender, recipients) == ("airflow@example.com", ["ocr-team@example.com"])
+    message = email.message_from_bytes(raw, policy=email.policy.default)
+    assert message["Subject"].startswith("olmOCR run failed: olmocr_notify_probe / ")
+    assert "(1 of 2 documents failed)" in message["Subject"]
+    body = message.get_body(preferencelist=("html",)).get_content()
+    run_manifests = list(manifest_path.parent.glob("olmocr_notify_probe__*.json"))
+    assert len(run_manifests) == 1 and str(run_manifests[0]) in body  # the link to this run's manifest
+    assert f"<th align=left>Failed</th><td>{manifest['counts']['failed']}</td>" in body
+    assert f"{failed['error_class']}: 1" in body
+    assert "<th align=left>Failed task</th><td>enforce_error_budget</td>" in body
