@@ -113,6 +113,14 @@ def documents(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {doc["source"]: doc for doc in manifest["documents"]}
 
 
+def statuses(manifest: dict[str, Any]) -> dict[str, str]:
+    """Each document's status (and why it was skipped or failed), for assertion messages."""
+    return {
+        source: " ".join(filter(None, [doc["status"], doc.get("skip_reason"), doc.get("error_class")]))
+        for source, doc in documents(manifest).items()
+    }
+
+
 def converted(manifest: dict[str, Any]) -> set[str]:
     return {source for source, doc in documents(manifest).items() if doc["status"] == "converted"}
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.corpus import Bucket, assert_outputs_name_their_pages, converted, documents, split_s3
+from tests.deployment.corpus import Bucket, assert_outputs_name_their_pages, converted, documents, split_s3, statuses
 from tests.deployment.harness import Deployment, wait_until
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]
@@ -70,7 +70,7 @@ def test_backfill_runs_convert_only_their_own_intervals(
         assert run["state"] == "success", run
         manifest = bucket.manifest(output_uri, DAG, run["dag_run_id"])
         assert manifest is not None, f"{run['dag_run_id']} published no manifest"
-        assert converted(manifest) == set(wanted), run["dag_run_id"]
+        assert converted(manifest) == set(wanted), (run["dag_run_id"], run["data_interval_start"], statuses(manifest))
         assert set(documents(manifest)) == set(wanted)
         assert_outputs_name_their_pages(bucket, manifest, doc_ids)
         manifests.append(manifest)
@@ -86,7 +86,7 @@ def test_backfill_runs_convert_only_their_own_intervals(
         assert run["state"] == "success", run
         manifest = bucket.manifest(output_uri, DAG, run["dag_run_id"])
         assert manifest is not None
-        assert converted(manifest) == set(), run["dag_run_id"]
+        assert converted(manifest) == set(), (run["dag_run_id"], statuses(manifest))
         assert manifest["counts"]["already_converted"] + manifest["counts"]["skipped"] == len(wanted)
     assert {uri: bucket.last_modified(split_s3(uri)[1]) for uri in outputs} == stamps
 
@@ -96,5 +96,6 @@ def test_backfill_runs_convert_only_their_own_intervals(
 
     for run, wanted in zip(forced, expected, strict=True):
         manifest = bucket.manifest(output_uri, DAG, run["dag_run_id"])
-        assert manifest is not None and converted(manifest) == set(wanted), run["dag_run_id"]
+        assert manifest is not None
+        assert converted(manifest) == set(wanted), (run["dag_run_id"], run["conf"], statuses(manifest))
     assert set(written) == outputs

@@ -66,7 +66,7 @@ def test_convert_instances_run_on_both_workers_and_never_beyond_the_pool(
         while deployment.api.dag_run(DAG, run_id)["state"] not in ("success", "failed"):
             running = _running_converts(deployment)
             most = max(most, len(running))
-            hosts |= {ti["hostname"] for ti in running if ti["run_id"] == run_id}
+            hosts |= {ti["hostname"] for ti in running if ti["dag_run_id"] == run_id}
             time.sleep(0.5)
 
     assert deployment.api.dag_run(DAG, run_id)["state"] == "success"
@@ -99,7 +99,7 @@ def test_a_killed_worker_loses_no_page(deployment: Deployment, bucket: Bucket, i
         run_id = response.json()["dag_run_id"]
 
         def converting_with_some_output() -> dict[str, Any] | None:
-            running = [ti for ti in _running_converts(deployment) if ti["run_id"] == run_id]
+            running = [ti for ti in _running_converts(deployment) if ti["dag_run_id"] == run_id]
             if running and bucket.keys(prefix + "output/markdown/"):
                 return running[0]
             return None
