@@ -410,8 +410,14 @@ class InferenceClient:
         failure: BaseException | None = None
         try:
             while True:
-                delay = self._hedging.delay() if hedges < self._hedging.settings.max_hedges else None
-                due_at = None if delay is None else max(newest_started + delay, recheck_at or -math.inf)
+                may_hedge = self._hedging.settings.enabled and hedges < self._hedging.settings.max_hedges
+                delay = self._hedging.delay() if may_hedge else None
+                if delay is None:
+                    # Without a latency history yet, look again later: a request that hangs among
+                    # the first pages of a run must not wait for its read timeout.
+                    due_at = self._clock() + self._settings.metrics_poll_interval_s if may_hedge else None
+                else:
+                    due_at = max(newest_started + delay, recheck_at or -math.inf)
                 timeout = None if due_at is None else max(0.0, due_at - self._clock())
                 done, _ = await asyncio.wait(arms, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 for arm in done:
@@ -426,7 +432,7 @@ class InferenceClient:
                 if not arms:
                     assert failure is not None
                     raise failure
-                if done:
+                if done or delay is None:
                     continue
                 if not self._room_for_hedge():
                     recheck_at = self._clock() + self._settings.metrics_poll_interval_s

@@ -875,6 +875,21 @@ def test_hung_request_is_answered_by_its_hedge(standin_factory: Factory) -> None
     assert [r["outcome"] for r in page_requests] == ["hang", "ok"]
 
 
+def test_request_hung_before_any_latency_history_is_hedged_once_there_is_one(standin_factory: Factory) -> None:
+    server = standin_factory(scripts={"1:1": ["hang"]}, latency_s=0.02)
+
+    async def scenario() -> tuple[dict[str, Any], Any]:
+        async with InferenceClient(hedging_settings(server)) as client:
+            # The hung request is the run's first: no answer has been timed yet when it is sent.
+            hung = asyncio.ensure_future(client.complete(page_body(1, 1)))
+            await _warm_up(client)
+            return await hung, client.stats()
+
+    answer, stats = run(scenario())
+    assert "document 1 page 1." in content_of(answer)
+    assert stats.hedged == 1 and "timeout" not in stats.outcomes
+
+
 def test_late_original_is_cancelled_and_ignored(standin_factory: Factory) -> None:
     server = standin_factory(scripts={"1:1": ["slow"]}, slow_s=1.5, latency_s=0.02)
 
