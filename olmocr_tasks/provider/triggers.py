@@ -1,0 +1,108 @@
+"""``VllmReadyTrigger``: wait in the triggerer, not in a worker slot, until vLLM serves the model.
+
+A cold vLLM start (download, load, compile, warm-up) takes up to half an hour. ``check_server`` defers
+to this trigger instead of holding a worker slot while it retries: the trigger polls every replica's
+``/v1/models`` with the same probe the client uses (``olmocr_tasks.readiness``) until each lists the
+configured model, or until an absolute deadline (kept across triggerer restarts). A server that
+answers wrongly (API key, URL, model, TLS trust) fails at once: waiting will not fix it.
+
+The trigger carries only the connection id and the deadline; the API key is read from the
+connection inside the triggerer and never serialized into the trigger's row.
+
+Events (``TriggerEvent.payload``): ``{"status": "ready", "models": [...], "not_ready": [...]}``,
+``{"status": "misconfigured", "message": ...}`` or ``{"status": "timeout", "message": ...}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from olmocr_tasks.config import ServerSettings
+from olmocr_tasks.errors import ConfigurationError
+from olmocr_tasks.provider import DEFAULT_CONN_ID
+from olmocr_tasks.readiness import ModelsProbe, ProbeResult
+
+# A cold vLLM start: the compose file allows vLLM this long too.
+DEFAULT_TIMEOUT_S = 30 * 60.0
+DEFAULT_POLL_INTERVAL_S = 10.0
+_PROBE_TIMEOUT_S = 10.0
+
+
+class VllmReadyTrigger(BaseTrigger):
+    """Fires once every replica of ``conn_id`` lists its model (or at the deadline, if at least one
+    does), at once if a replica answers wrongly, or with ``timeout`` when none is ready in time."""
+
+    def __init__(
+        self,
+        conn_id: str = DEFAULT_CONN_ID,
+        *,
+        deadline: float | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+    ) -> None:
+        super().__init__()
+        self.conn_id = conn_id
+        # Absolute (epoch seconds), so a trigger re-created after a triggerer restart keeps its deadline.
+        self.deadline = deadline if deadline is not None else time.time() + timeout_s
+        self.poll_interval_s = poll_interval_s
+        # Probe rounds so far (this process only; for logs and tests).
+        self.polls = 0
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {"conn_id": self.conn_id, "deadline": self.deadline, "poll_interval_s": self.poll_interval_s},
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            settings = await self._settings()
+        except ConfigurationError as exc:
+            yield TriggerEvent({"status": "misconfigured", "message": f"connection {self.conn_id!r}: {exc}"})
+            return
+        secrets = [urlsplit(url).password for url in settings.base_urls]
+        probes = [
+            ModelsProbe(url, settings.model, api_key=settings.api_key, secrets=secrets) for url in settings.base_urls
+        ]
+        timeout = httpx.Timeout(min(_PROBE_TIMEOUT_S, settings.connect_timeout_s + _PROBE_TIMEOUT_S))
+        async with httpx.AsyncClient(verify=settings.verify_tls, follow_redirects=False) as http:
+            while True:
+                results = await asyncio.gather(*(probe.probe(http, timeout) for probe in probes))
+                self.polls += 1
+                event = self._verdict(results, final=time.time() >= self.deadline)
+                if event is not None:
+                    yield event
+                    return
+                self.log.info("vLLM not ready yet: %s", "; ".join(r.detail for r in results if not r.ready))
+                await asyncio.sleep(max(0.0, min(self.poll_interval_s, self.deadline - time.time())))
+
+    async def _settings(self) -> ServerSettings:
+        # Imported here: the hook module pulls in the client, which the triggerer needs only now.
+        from airflow.providers.common.compat.connection import get_async_connection
+
+        from olmocr_tasks.provider.hooks import settings_from_connection
+
+        return settings_from_connection(await get_async_connection(self.conn_id))
+
+    @staticmethod
+    def _verdict(results: list[ProbeResult], *, final: bool) -> TriggerEvent | None:
+        wrong = [result.detail for result in results if result.state == "misconfigured"]
+        if wrong:
+            return TriggerEvent({"status": "misconfigured", "message": "; ".join(wrong)})
+        ready = [result for result in results if result.ready]
+        waiting = [result.detail for result in results if not result.ready]
+        if ready and (not waiting or final):
+            models = list(dict.fromkeys(model for result in ready for model in result.models))
+            return TriggerEvent({"status": "ready", "models": models, "not_ready": waiting})
+        if final:
+            return TriggerEvent(
+                {"status": "timeout", "message": "vLLM not ready by the deadline: " + "; ".join(waiting)}
+            )
+        return None
