@@ -110,44 +110,6 @@ def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
     return plan
 
 
-def pack_batches(
-    sources: Sequence[SourceDocument],
-    *,
-    max_batches: int = 1000,
-    small_document_bytes: int = 2 * 1024 * 1024,
-    batch_bytes: int = 16 * 1024 * 1024,
-    max_documents_per_batch: int = 200,
-) -> list[list[SourceDocument]]:
-    """Group documents into batches: one per large document, small ones packed together.
-
-    Keeps the number of batches within ``max_batches`` (Airflow's ``max_map_length``) by growing the
-    packing targets until it fits, so a run of 50,000 documents still maps.
-    """
-    if not sources:
-        return []
-    while True:
-        batches: list[list[SourceDocument]] = []
-        current: list[SourceDocument] = []
-        current_bytes = 0
-        for source in sources:
-            size = source.info.size or 0
-            if size >= small_document_bytes:
-                batches.append([source])
-                continue
-            if current and (current_bytes + size > batch_bytes or len(current) >= max_documents_per_batch):
-                batches.append(current)
-                current, current_bytes = [], 0
-            current.append(source)
-            current_bytes += size
-        if current:
-            batches.append(current)
-        if len(batches) <= max_batches:
-            return batches
-        small_document_bytes *= 2
-        batch_bytes *= 2
-        max_documents_per_batch *= 2
-
-
 async def convert_sources(
     request: RunRequest,
     storage: Storage,

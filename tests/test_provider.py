@@ -307,6 +307,7 @@ def test_params_form() -> None:
         "max_document_error_rate",
         "max_failed_attempts",
         "max_concurrent_requests",
+        "batch_pages",
     ]
     for name, param in form.items():
         assert param.schema.get("title"), name

@@ -125,4 +125,16 @@ def _shared_params() -> dict[str, Param]:
             description="In-flight page requests per convert task (empty: the connection's setting).",
             section="Server",
         ),
+        "batch_pages": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            title="Pages per convert task",
+            description=(
+                "Documents with at least this many pages get their own convert task; smaller ones are "
+                "packed until a task has this many (empty: OLMOCR_BATCH_PAGES, else the requests in flight "
+                "per task). Pages are estimated from file sizes (OLMOCR_BYTES_PER_PAGE)."
+            ),
+            section="Server",
+        ),
     }

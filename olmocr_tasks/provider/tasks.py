@@ -47,13 +47,13 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from olmocr_tasks.access import check_run_allowed
+from olmocr_tasks.batching import DEFAULT_BYTES_PER_PAGE, DEFAULT_PARALLEL, BatchingRule, pack_batches
 from olmocr_tasks.config import ConversionSettings
 from olmocr_tasks.errors import ConfigurationError, InfrastructureError, ServerMisconfigured, ServerNotReady
 from olmocr_tasks.pipeline import (
     RunRequest,
     build_manifest,
     convert_batch,
-    pack_batches,
     plan_run,
     publish_manifest,
 )
@@ -226,6 +226,35 @@ def max_map_length() -> int:
     return conf.getint("core", "max_map_length", fallback=1024)
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a whole number, not {raw!r}") from None
+
+
+def batching_rule(params: Mapping[str, Any], request: RunRequest) -> BatchingRule:
+    """How this run's documents are packed into convert instances (``olmocr_tasks.batching``).
+
+    ``batch_pages`` (Param, default ``OLMOCR_BATCH_PAGES``, else the request window of a convert task);
+    ``OLMOCR_CONVERT_SLOTS``: convert instances that run at once (the pool's slots, at most workers times
+    worker concurrency); ``OLMOCR_BYTES_PER_PAGE``: the page estimate from listed sizes.
+    """
+    min_pages = params.get("batch_pages") or _env_int("OLMOCR_BATCH_PAGES", 0)
+    try:
+        return BatchingRule(
+            min_pages=int(min_pages or request.settings.server.max_concurrent_requests),
+            parallel=_env_int("OLMOCR_CONVERT_SLOTS", DEFAULT_PARALLEL),
+            max_batches=max_map_length(),
+            bytes_per_page=_env_int("OLMOCR_BYTES_PER_PAGE", DEFAULT_BYTES_PER_PAGE),
+        )
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
 def batch_label(sources: Sequence[SourceDocument], input_uri: str) -> str:
     """A human label for a batch, shown as the mapped instance's name in the grid."""
 
@@ -254,6 +283,7 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
         request = build_request(context, documents, planning=True)
         # Before any read or write: Params, documents and event keys inside the deployment's allow-list.
         check_run_allowed(request.input_uri, request.output_uri, request.documents)
+        rule = batching_rule(context["params"], request)
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
     served = context["ti"].xcom_pull(task_ids="check_server")
@@ -271,7 +301,7 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
     plan = plan_run(request, storage)
     folder.write_plan(plan)
     context["ti"].xcom_push(key=PLAN_ID_XCOM, value=folder.plan_id)
-    batches = pack_batches(plan.sources, max_batches=max_map_length())
+    batches = pack_batches(plan.sources, rule)
     descriptors = [
         {
             "plan": folder.plan_id,
@@ -307,7 +337,7 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
         len(plan.unavailable),
     )
     if len(batches) < len(plan.sources):
-        log.info("packed %d documents into %d batches (limit %d)", len(plan.sources), len(batches), max_map_length())
+        log.info("packed %d documents into %d batches (%s)", len(plan.sources), len(batches), rule)
     return descriptors
 
 
@@ -327,7 +357,8 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
             sources,
             folder=request.run_folder(storage, batch["plan"]),
             try_number=context["ti"].try_number,
-            task_context=task_identity(context),
+            # The batch names the instance a packed document ran in (the map index, in the grid).
+            task_context=task_identity(context) | {"batch": batch["batch"]},
         )
     except ServerMisconfigured as exc:
         # A 401/403 (key revoked or rotated mid-run) or a server that stopped serving the model:
