@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from olmocr_tasks.config import DEFAULT_MODEL
+from olmocr_tasks.cpu_engine import CPU_ENGINE_MODEL
 from olmocr_tasks.vllm_launcher import LIMIT_MM_PER_PROMPT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -299,10 +300,15 @@ def test_connections_resolve_to_valid_json(services, env_example):
     for key in ("OLMOCR_INPUT_URI", "OLMOCR_OUTPUT_URI", "OLMOCR_SQS_QUEUE_URL"):
         assert key in environment
     assert environment["OLMOCR_INPUT_URI"].startswith("s3://")
-    # The CPU-engine profile only changes the host.
-    cpu = _resolved(services["airflow-worker"]["environment"], {**env_example, "OLMOCR_VLLM_HOST": "cpu-engine"})
-    assert json.loads(cpu["AIRFLOW_CONN_OLMOCR_VLLM"])["host"] == "cpu-engine"
-    assert "cpu-engine" in services
+    # The CPU-engine profile changes the host and the model, to the only name the engine answers to.
+    cpu_env = {**env_example, "OLMOCR_VLLM_HOST": "cpu-engine", "OLMOCR_MODEL": CPU_ENGINE_MODEL}
+    cpu = json.loads(_resolved(services["airflow-worker"]["environment"], cpu_env)["AIRFLOW_CONN_OLMOCR_VLLM"])
+    assert (cpu["host"], cpu["extra"]["model"]) == ("cpu-engine", CPU_ENGINE_MODEL)
+    # The engine keeps its own name whatever OLMOCR_MODEL says (no --served-model-name override).
+    engine = _resolved(services["cpu-engine"], cpu_env)
+    assert "--served-model-name" not in [str(part) for part in engine.get("command") or []]
+    assert "OLMOCR_MODEL=olmocr-cpu-tesseract" in ENV_EXAMPLE.read_text()
+    assert f"OLMOCR_MODEL={CPU_ENGINE_MODEL}" in (DOCKER / "README.md").read_text()
 
 
 def test_interpolation_helper_understands_compose_syntax():
