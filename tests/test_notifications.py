@@ -139,6 +139,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from olmocr_tasks.manifest import manifest_uri
 from olmocr_tasks.provider.notifications import notify_run_failure
+from olmocr_tasks.provider.tasks import airflow_run_id
 
 
 @dag(schedule=None, start_date=datetime(2026, 1, 1), catchup=False, params={"output_uri": os.environ["PROBE_OUTPUT"]},
@@ -148,7 +149,7 @@ def olmocr_notify_probe():
     def publish() -> dict:
         # Publishes a real run's manifest under this run's name, where the publish task writes it.
         context = get_current_context()
-        uri = manifest_uri(context["params"]["output_uri"], f"{context['dag'].dag_id}__{context['dag_run'].run_id}")
+        uri = manifest_uri(context["params"]["output_uri"], airflow_run_id(context))
         Path(uri).write_text(os.environ["PROBE_MANIFEST_JSON"])
         return {"manifest": uri}
 

@@ -111,13 +111,12 @@ def report_from_context(context: Mapping[str, Any]) -> FailureReport:
 def _summary_from_manifest(context: Mapping[str, Any]) -> dict[str, Any] | None:
     from olmocr_tasks.manifest import manifest_uri
     from olmocr_tasks.provider.hooks import storage_for
+    from olmocr_tasks.provider.tasks import airflow_run_id
 
     output_uri = (context.get("params") or {}).get("output_uri")
-    dag_run = context.get("dag_run")
-    if not output_uri or dag_run is None:
+    if not output_uri or context.get("dag_run") is None:
         return None
-    # The manifest's run id, as the publish task names it (provider.tasks.airflow_run_id).
-    uri = manifest_uri(output_uri, f"{context['dag'].dag_id}__{dag_run.run_id}")
+    uri = manifest_uri(output_uri, airflow_run_id(context))  # where the publish task wrote it
     try:
         data = storage_for([output_uri]).read_bytes_or_none(uri)
         manifest = json.loads(data) if data is not None else None
