@@ -11,7 +11,10 @@ interpreter (``--olmocr-side``), where only olmOCR's own functions answer:
   local socket server of this script (all pages, rotations, attempts, model names and an API key);
 * what it makes of a completion: the same ``try_single_page`` fed canned server answers (valid,
   cut off, over the context, without usage, malformed);
-* what its parser makes of an answer: ``FrontMatterParser(front_matter_class=PageResponse)``.
+* what its parser makes of an answer: ``FrontMatterParser(front_matter_class=PageResponse)``;
+* its retry ladder: ``olmocr.pipeline.process_page`` for a few pages against the vLLM stand-in
+  (``tests/standin``, started here) with per-page fault scripts; the stand-in's log gives the
+  temperature and image orientation of every attempt, ``process_page`` the page it settled on.
 
 Back in the project venv the page images are reduced to their size and the page marker they show
 (``tests.page_marker``), since our renderer (PDFium) and olmOCR's (poppler) differ in pixels, and
@@ -47,6 +50,20 @@ PDFS: dict[str, tuple[str, dict[str, Any]]] = {
     "letter_2p.pdf": ("text_pdf", {"pages": 2, "doc_id": 71}),
     "a4_landscape.pdf": ("text_pdf", {"pages": 1, "doc_id": 72, "page_size": (842.0, 595.0)}),
     "rotate90.pdf": ("rotated_pdf", {"rotate": 90, "pages": 1, "doc_id": 73}),
+    "ladder.pdf": ("text_pdf", {"pages": 4, "doc_id": 74}),
+    "rotate90_2p.pdf": ("rotated_pdf", {"rotate": 90, "pages": 2, "doc_id": 75}),
+}
+
+# The retry ladder, page by page: olmOCR's process_page against the vLLM stand-in (tests/standin), whose
+# answers follow the page marker it sees (a sideways page makes it report the rotation) and, per page,
+# a script of faults for successive requests. name -> (pdf, page, doc id, script).
+LADDER: dict[str, tuple[str, int, int, list[str]]] = {
+    "upright_first_try": ("ladder.pdf", 1, 74, []),
+    "cut_off_then_ok": ("ladder.pdf", 2, 74, ["length", "ok"]),
+    "unusable_answers_then_ok": ("ladder.pdf", 3, 74, ["garbage", "bad_json", "invalid_rotation", "ok"]),
+    "never_valid": ("ladder.pdf", 4, 74, ["length"] * 8),
+    "scanned_sideways": ("rotate90_2p.pdf", 1, 75, []),
+    "sideways_after_an_unusable_answer": ("rotate90_2p.pdf", 2, 75, ["garbage"]),
 }
 
 
@@ -289,7 +306,22 @@ def _olmocr_side(spec: dict[str, Any]) -> dict[str, Any]:
                 }
         server.close()
         await server.wait_closed()
-        return {"requests": requests, "completions": completions}
+
+        ladder = {}
+        for name, (pdf, page, _, _) in spec["ladder"].items():
+            args = SimpleNamespace(
+                server=spec["standin_url"], model=DEFAULT_MODEL, api_key=None, max_page_retries=8,
+                target_longest_image_dim=TARGET_DIM, guided_decoding=False,
+            )  # fmt: skip
+            result = await pipeline.process_page(args, 0, pdf, str(Path(spec["pdf_dir"]) / pdf), page)
+            ladder[name] = {
+                "is_fallback": result.is_fallback,
+                "is_valid": result.is_valid,
+                "input_tokens": result.input_tokens,
+                "output_tokens": result.output_tokens,
+                "response": asdict(result.response),
+            }
+        return {"requests": requests, "completions": completions, "ladder": ladder}
 
     exchanged = asyncio.run(exchange())
     return {
@@ -301,6 +333,7 @@ def _olmocr_side(spec: dict[str, Any]) -> dict[str, Any]:
             name: {"payload": COMPLETIONS[name], **found} for name, found in exchanged["completions"].items()
         },
         "front_matter": {name: {"answer": answer, **parse(answer)} for name, answer in ANSWERS.items()},
+        "ladder": exchanged["ladder"],
     }
 
 
@@ -326,6 +359,28 @@ def _image_facts(body: str) -> tuple[str, dict[str, Any]]:
         "doc_id": marker.doc_id, "page_number": marker.page_number, "rotation_correction": marker.rotation_correction
     }  # fmt: skip
     return body[:start] + IMAGE_PLACEHOLDER + body[end:], facts
+
+
+def ladder_scripts() -> dict[str, list[str]]:
+    """The stand-in's per-page fault scripts ("doc:page" -> steps) for the ladder scenarios."""
+    return {f"{doc_id}:{page}": script for _, page, doc_id, script in LADDER.values() if script}
+
+
+def ladder_requests(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The stand-in's request log per page ("doc:page"), in order: what each request asked and showed."""
+    pages: dict[str, list[dict[str, Any]]] = {}
+    for record in sorted(records, key=lambda record: record["seq"]):
+        marker = record.get("marker") or {}
+        if not marker:
+            continue
+        pages.setdefault(f"{marker['doc_id']}:{marker['page_number']}", []).append(
+            {
+                "temperature": record["temperature"],
+                "rotation_seen": marker["rotation_correction"],  # how far the image was from upright
+                "outcome": record["outcome"],
+            }
+        )
+    return pages
 
 
 def _write_pdfs(folder: Path) -> None:
@@ -359,15 +414,33 @@ def main(argv: list[str] | None = None) -> int:
     pdf_dir = GOLDEN_DIR / "pdfs"
     if not options.keep_pdfs:
         _write_pdfs(pdf_dir)
-    spec = {"pdf_dir": str(pdf_dir), "requests": _request_cases()}
-    done = subprocess.run(
-        [str(olmocr_python()), str(Path(__file__).resolve()), "--olmocr-side"],
-        input=json.dumps(spec), capture_output=True, text=True, env=olmocr_env(), cwd=str(pdf_dir), check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        print(done.stderr, file=sys.stderr)
-        return 1
-    golden = json.loads(done.stdout)
+    from tests.fixtures.standin import start_standin_process
+
+    with start_standin_process(model=DEFAULT_MODEL, scripts=ladder_scripts()) as standin:
+        spec = {
+            "pdf_dir": str(pdf_dir),
+            "requests": _request_cases(),
+            "ladder": LADDER,
+            "standin_url": standin.url,
+        }
+        done = subprocess.run(
+            [str(olmocr_python()), str(Path(__file__).resolve()), "--olmocr-side"],
+            input=json.dumps(spec), capture_output=True, text=True, env=olmocr_env(), cwd=str(pdf_dir), check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            print(done.stderr, file=sys.stderr)
+            return 1
+        golden = json.loads(done.stdout)
+        requests_seen = ladder_requests(standin.requests())
+    for name, (pdf, page, doc_id, script) in LADDER.items():
+        golden["ladder"][name] = {
+            "pdf": pdf,
+            "page": page,
+            "doc_id": doc_id,
+            "script": script,
+            "requests": requests_seen.get(f"{doc_id}:{page}", []),
+            **golden["ladder"][name],
+        }
     assert golden["olmocr_version"] == OLMOCR_VERSION, golden["olmocr_version"]
     for request in golden["requests"]:
         request["body"], request["image"] = _image_facts(request["body"])

@@ -23,6 +23,7 @@ import pytest
 from PIL import Image
 
 from olmocr_tasks.protocol import (
+    FRONT_MATTER_KEYS,
     PROMPT_V4,
     TEMPERATURE_BY_ATTEMPT,
     CompletionFormatError,
@@ -35,6 +36,8 @@ from olmocr_tasks.protocol import (
 )
 from olmocr_tasks.rendering import RenderPool
 from tests.page_marker import read_marker
+from tests.reliability_checks import run_cli
+from tests.standin.server import StandinServer
 
 GOLDEN_DIR = Path(__file__).parent / "fixtures" / "golden"
 GOLDEN_FILE = GOLDEN_DIR / "olmocr-0.4.27.json"
@@ -175,6 +178,66 @@ def test_golden_set_covers_the_cases_that_decide_a_page() -> None:
     assert set(completions) >= ACCEPTED_WHERE_OLMOCR_FAILS
     rotations = {(case["pdf"], case["rotation"]) for case in golden()["requests"]}
     assert {0, 90, 180, 270} <= {rotation for _, rotation in rotations}
+
+
+# -- the retry ladder -------------------------------------------------------------------------------------
+
+# Where our ladder differs from olmOCR's process_page on purpose. olmOCR follows a rotation correction
+# only when the FIRST attempt reports one: after an unusable first answer it keeps sending the sideways
+# image for all remaining attempts and settles for an answer that says the rotation is wrong. We turn
+# the page as soon as any valid answer reports a correction, so the page ends upright.
+LADDER_DEVIATIONS = {"sideways_after_an_unusable_answer"}
+
+
+def _page_texts(record: dict[str, Any]) -> list[str]:
+    return [record["text"][start:end].rstrip("\n") for start, end, _ in record["attributes"]["pdf_page_numbers"]]
+
+
+@pytest.mark.slow
+def test_retry_ladder_asks_and_settles_like_olmocrs_process_page(tmp_path: Path, standin: StandinServer) -> None:
+    ladder = golden()["ladder"]
+    scripts = {f"{case['doc_id']}:{case['page']}": case["script"] for case in ladder.values() if case["script"]}
+    standin.configure(scripts=scripts)
+    for pdf in {case["pdf"] for case in ladder.values()}:
+        (tmp_path / "in").mkdir(exist_ok=True)
+        (tmp_path / "in" / pdf).write_bytes((GOLDEN_DIR / "pdfs" / pdf).read_bytes())
+    result = run_cli(
+        "convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, "--run-id", "ladder",
+        "--max-page-error-rate", "1", "--target-longest-image-dim", str(golden()["target_longest_image_dim"]),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    seen: dict[str, list[dict[str, Any]]] = {}
+    for record in sorted(standin.requests(), key=lambda record: record["seq"]):
+        marker = record["marker"]
+        seen.setdefault(f"{marker['doc_id']}:{marker['page_number']}", []).append(
+            {"temperature": record["temperature"], "rotation_seen": marker["rotation_correction"],
+             "outcome": record["outcome"]}
+        )  # fmt: skip
+    dolma = {
+        Path(record["metadata"]["Source-File"]).name: record
+        for path in (tmp_path / "out" / "dolma").glob("*.jsonl")
+        for record in map(json.loads, path.read_text().splitlines())
+    }
+    fallbacks = {name: 0 for name in dolma}
+    for name, case in ladder.items():
+        record, index = dolma[case["pdf"]], case["page"] - 1
+        attributes = {key: record["attributes"][key][index] for key in FRONT_MATTER_KEYS}
+        fallbacks[case["pdf"]] += case["is_fallback"]
+        requests = seen[f"{case['doc_id']}:{case['page']}"]
+        if name in LADDER_DEVIATIONS:
+            assert not case["response"]["is_rotation_valid"] and case["response"]["rotation_correction"] == 90
+            assert [r["rotation_seen"] for r in requests][-1] == 0 and attributes["is_rotation_valid"], requests
+            continue
+        # The same requests, attempt by attempt: temperature, how the image was turned, what came back.
+        assert requests == case["requests"], name
+        expected = {key: case["response"][key] for key in attributes}
+        if case["is_fallback"]:
+            # olmOCR's fallback text is poppler's pdftotext, ours PDFium's text layer: same page, other bytes.
+            assert attributes == expected and "page " + str(case["page"]) in _page_texts(record)[index], name
+        else:
+            assert attributes == expected, name
+            assert _page_texts(record)[index] == case["response"]["natural_text"], name
+    assert {name: record["metadata"]["total-fallback-pages"] for name, record in dolma.items()} == fallbacks
 
 
 # -- our own error reporting (olmOCR has none to compare with) -------------------------------------
