@@ -30,8 +30,9 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from olmocr_tasks.manifest import utc_now
@@ -117,9 +118,16 @@ class FailureRecord:
 class LedgerSnapshot:
     """The state of every source version at the time of one listing."""
 
-    def __init__(self, versions: dict[str, int]) -> None:
+    def __init__(self, versions: dict[str, int], failure_markers: dict[str, str] | None = None) -> None:
         # "<source-id>/<fingerprint>" → -1 when done, else the number of failed runs.
         self._versions = versions
+        # "<source-id>/<fingerprint>" → the URI of one of its failure markers (they name the source).
+        self._failure_markers = failure_markers or {}
+
+    def failure_markers(self) -> dict[str, int]:
+        """One failure marker per version that failed and was never converted since → its failed runs."""
+        markers = self._failure_markers.items()
+        return {uri: self._versions[key] for key, uri in markers if self._versions.get(key, 0) > 0}
 
     def status(self, info: ObjectInfo) -> Status:
         """``"new"``, ``"done"`` or ``("failed", n)`` for this exact version of the object."""
@@ -179,6 +187,7 @@ class Ledger:
     def snapshot(self) -> LedgerSnapshot:
         """Status of every known source version from one paginated listing of the state prefix."""
         versions: dict[str, int] = {}
+        failure_markers: dict[str, str] = {}
         prefix_length = len(self._sources_uri.rstrip("/")) + 1
         for info in self.storage.list_objects(self._sources_uri):
             source_part, _, name = info.uri[prefix_length:].partition("/")
@@ -189,9 +198,40 @@ class Ledger:
             current = versions.get(key, 0)
             if match["done"]:
                 versions[key] = _DONE
-            elif current != _DONE:
-                versions[key] = current + 1
-        return LedgerSnapshot(versions)
+            else:
+                failure_markers[key] = info.uri
+                if current != _DONE:
+                    versions[key] = current + 1
+        return LedgerSnapshot(versions, failure_markers)
+
+    def failed_sources(
+        self, snapshot: LedgerSnapshot, failed_runs: Callable[[int], bool] = lambda _: True
+    ) -> list[ObjectInfo]:
+        """The source versions whose last outcome was a failure, as their failure markers recorded them.
+
+        Only versions whose number of failed runs passes ``failed_runs`` are read (e.g. only dead
+        letters); one small read each, and damaged markers are skipped.
+        """
+        found: list[ObjectInfo] = []
+        for uri, failures in snapshot.failure_markers().items():
+            if not failed_runs(failures):
+                continue
+            raw = self.storage.read_bytes_or_none(uri)
+            if raw is None:
+                continue
+            try:
+                data = json.loads(raw)
+                found.append(
+                    ObjectInfo(
+                        uri=data["source"],
+                        size=data["size"],
+                        etag=data.get("etag"),
+                        last_modified=datetime.fromisoformat(data["last_modified"]),
+                    )
+                )
+            except (ValueError, KeyError, TypeError):
+                continue
+        return found
 
     def status(self, info: ObjectInfo) -> Status:
         """The status of one object from a small listing of its own state folder."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TextIO
@@ -21,13 +21,14 @@ from olmocr_tasks import __version__
 from olmocr_tasks.config import ConversionSettings
 from olmocr_tasks.conversion import ConversionEngine
 from olmocr_tasks.discovery import MissingSource, iter_pdfs, resolve_explicit
-from olmocr_tasks.ledger import Ledger, conversion_key
-from olmocr_tasks.manifest import DocumentEntry, Manifest, count_entries, manifest_uri, utc_now
+from olmocr_tasks.ledger import Ledger, LedgerSnapshot, conversion_key, fingerprint
+from olmocr_tasks.manifest import NOT_CONVERTED, DocumentEntry, Manifest, count_entries, manifest_uri, utc_now
 from olmocr_tasks.outputs import output_stem
 from olmocr_tasks.progress import ProgressReporter
 from olmocr_tasks.protocol import PROMPT_VERSION
 from olmocr_tasks.runs import SINGLE_PLAN, RunFolder, RunPlan, SourceDocument
 from olmocr_tasks.storage import ObjectInfo, Storage
+from olmocr_tasks.uri import is_s3, local_path
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class RunRequest:
     reprocess: bool = False
     max_documents: int | None = None
     max_failed_attempts: int = 3
+    # Convert dead letters once more instead of listing them.
+    retry_dead_letters: bool = False
 
     @property
     def conversion_key(self) -> str:
@@ -61,7 +64,13 @@ class RunRequest:
 
 
 def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
-    """Discover what this run must convert. Cheap: one listing of the input and one of the state."""
+    """Discover what this run must convert. Cheap: one listing of the input and one of the state.
+
+    Besides what discovery finds, every run re-drives the versions under its input whose last outcome
+    was a failure (``not_converted`` included: publishing records those), whatever their LastModified,
+    until they convert or become dead letters: a scheduled run's window alone would never see them
+    again. ``retry_dead_letters`` takes dead letters back for one more try.
+    """
     plan = RunPlan(sources=[])
     ledger = Ledger(request.output_uri, storage, request.conversion_key)
     # Reprocessing converts everything discovered: the state listing would be read for nothing.
@@ -84,30 +93,101 @@ def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
             modified_after=request.modified_after,
             modified_until=request.modified_until,
         )
-    for info in candidates:
-        if request.max_documents is not None and len(plan.sources) >= request.max_documents:
-            break
+    seen: set[str] = set()
+
+    def consider(info: ObjectInfo) -> None:
+        seen.add(info.uri)
         if snapshot is not None:
-            state = snapshot.status(info)
-            if state == "done":
+            if snapshot.status(info) == "done":
                 plan.already_converted += 1
-                continue
-            if snapshot.is_dead_letter(info, request.max_failed_attempts):
-                last = ledger.last_failure(info)
-                reason = f"{last.error_class}: {last.error}" if last else "unknown"
-                plan.dead_letters.append(
-                    DocumentEntry(
-                        source=info.uri,
-                        status="failed",
-                        size=info.size,
-                        error_class="dead_letter",
-                        error=f"failed in {snapshot.failures(info)} runs; last error: {reason}",
-                        failed_attempts=snapshot.failures(info),
-                    )
-                )
-                continue
+                return
+            if not request.retry_dead_letters and snapshot.is_dead_letter(info, request.max_failed_attempts):
+                plan.dead_letters.append(dead_letter_entry(ledger, snapshot, info))
+                return
         plan.sources.append(SourceDocument(info=info, stem=output_stem(info.uri, request.input_uri)))
+
+    def full() -> bool:
+        return request.max_documents is not None and len(plan.sources) >= request.max_documents
+
+    for info in candidates:
+        if full():
+            break
+        consider(info)
+    if snapshot is not None and request.input_uri:
+        for info in _redrive_candidates(request, ledger, snapshot, storage, seen):
+            if full():
+                break
+            plan.redriven += 1
+            consider(info)
     return plan
+
+
+def _redrive_candidates(
+    request: RunRequest, ledger: Ledger, snapshot: LedgerSnapshot, storage: Storage, seen: set[str]
+) -> Iterator[ObjectInfo]:
+    """Failed versions under the input that discovery did not list, if the object is still that version.
+
+    Dead letters are left alone (not even listed) unless the run takes them back.
+    """
+    input_uri, retry_dead_letters = request.input_uri, request.retry_dead_letters
+    max_failed_attempts = request.max_failed_attempts
+    for recorded in ledger.failed_sources(snapshot, lambda runs: retry_dead_letters or runs < max_failed_attempts):
+        if recorded.uri in seen or not _within(recorded.uri, input_uri):
+            continue
+        current = storage.stat(recorded.uri)
+        # Gone, or replaced by new content: the new version has its own LastModified and history.
+        if current is not None and fingerprint(current) == fingerprint(recorded):
+            seen.add(recorded.uri)
+            yield current
+
+
+def _within(uri: str, folder: str) -> bool:
+    if is_s3(uri) != is_s3(folder):
+        return False
+    path, base = (uri, folder) if is_s3(uri) else (local_path(uri), local_path(folder))
+    base = base.rstrip("/")
+    return path == base or path.startswith(base + "/")
+
+
+def dead_letter_entry(ledger: Ledger, snapshot: LedgerSnapshot, info: ObjectInfo) -> DocumentEntry:
+    """A dead letter's manifest line: how often it failed and its last error."""
+    last = ledger.last_failure(info)
+    reason = f"{last.error_class}: {last.error}" if last else "unknown"
+    return DocumentEntry(
+        source=info.uri,
+        status="failed",
+        size=info.size,
+        error_class="dead_letter",
+        error=f"failed in {snapshot.failures(info)} runs; last error: {reason}",
+        failed_attempts=snapshot.failures(info),
+    )
+
+
+def list_dead_letters(
+    output_uri: str, storage: Storage, conversion_key: str, max_failed_attempts: int
+) -> list[DocumentEntry]:
+    """The dead letters of an output location for one conversion key (model, prompt, render size)."""
+    ledger = Ledger(output_uri, storage, conversion_key)
+    snapshot = ledger.snapshot()
+    return [
+        dead_letter_entry(ledger, snapshot, info)
+        for info in ledger.failed_sources(snapshot, lambda runs: runs >= max_failed_attempts)
+    ]
+
+
+def remember_not_converted(request: RunRequest, storage: Storage, plan: RunPlan, manifest: Manifest) -> int:
+    """Record each planned document no batch reported as a failure of this run, so later runs re-drive it.
+
+    Counted like any failure: a document that keeps taking its batch down becomes a dead letter.
+    """
+    lost = {doc.source for doc in manifest.documents if doc.error_class == NOT_CONVERTED}
+    if not lost:
+        return 0
+    ledger = Ledger(request.output_uri, storage, request.conversion_key)
+    for source in plan.sources:
+        if source.uri in lost:
+            ledger.mark_failed(source.info, NOT_CONVERTED, "its batch did not finish", request.run_id)
+    return len(lost)
 
 
 async def convert_sources(
@@ -210,7 +290,7 @@ def build_manifest(
                 source=source.uri,
                 status="failed",
                 size=source.info.size,
-                error_class="not_converted",
+                error_class=NOT_CONVERTED,
                 error="its batch did not finish (see the task log); it will be retried by the next run",
             )
         documents.append(entry)

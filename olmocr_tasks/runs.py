@@ -97,12 +97,15 @@ class RunPlan:
     unavailable: list[DocumentEntry] = field(default_factory=list)
     dead_letters: list[DocumentEntry] = field(default_factory=list)
     already_converted: int = 0
+    # How many sources were added because their last outcome was a failure (not found by discovery).
+    redriven: int = 0
     started_at: str = field(default_factory=utc_now)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "started_at": self.started_at,
             "already_converted": self.already_converted,
+            "redriven": self.redriven,
             "sources": [source.to_dict() for source in self.sources],
             "unavailable": [entry.to_dict() for entry in self.unavailable],
             "dead_letters": [entry.to_dict() for entry in self.dead_letters],
@@ -115,6 +118,7 @@ class RunPlan:
             unavailable=[DocumentEntry.from_dict(item) for item in data.get("unavailable", [])],
             dead_letters=[DocumentEntry.from_dict(item) for item in data.get("dead_letters", [])],
             already_converted=data.get("already_converted", 0),
+            redriven=data.get("redriven", 0),
             started_at=data["started_at"],
         )
 

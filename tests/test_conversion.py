@@ -7,10 +7,12 @@ marker), so these tests prove that no page is lost, duplicated or attributed to 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -378,3 +380,61 @@ def test_the_cli_rerun_with_the_same_run_id_reports_the_whole_run(tmp_path: Path
     # Once published, the same run id is a new run: everything is already converted.
     again = run(tmp_path, settings, "nightly")
     assert again.documents == [] and again.already_converted == 3
+
+
+def _at(path: Path, moment: datetime) -> None:
+    os.utime(path, (moment.timestamp(), moment.timestamp()))
+
+
+def test_failures_outside_a_runs_window_are_re_driven_until_they_are_dead_letters(
+    tmp_path: Path, standin: StandinServer
+) -> None:
+    from olmocr_tasks.pipeline import list_dead_letters
+
+    hour = datetime(2026, 3, 1, 10, tzinfo=UTC)
+    pdfgen.write_pdf(tmp_path / "in" / "broken.pdf", pdfgen.truncated_pdf())
+    pdfgen.write_pdf(tmp_path / "in" / "good.pdf", pdfgen.text_pdf(1, doc_id=3))
+    _at(tmp_path / "in" / "broken.pdf", hour + timedelta(minutes=5))
+    _at(tmp_path / "in" / "good.pdf", hour + timedelta(minutes=10))
+    settings = fast_settings(standin.url)
+
+    def interval(number: int, run_id: str, **request: object) -> Manifest:
+        start = hour + timedelta(hours=number)
+        return run(tmp_path, settings, run_id, modified_after=start, modified_until=start + timedelta(hours=1),
+                   max_failed_attempts=2, **request)  # fmt: skip
+
+    first = interval(0, "h10")
+    statuses = {name: doc.status for name, doc in by_name(first).items()}
+    assert statuses == {"broken.pdf": "failed", "good.pdf": "converted"}
+    # The next interval lists nothing of its own, and still tries the failed document again.
+    second = interval(1, "h11")
+    (again,) = second.documents
+    assert (Path(again.source).name, again.error_class, again.failed_attempts) == ("broken.pdf", "corrupt", 2)
+    # Now a dead letter: later runs leave it alone until someone takes it back.
+    assert interval(2, "h12").documents == []
+    key = RunRequest(str(tmp_path / "in"), str(tmp_path / "out"), "x", settings=settings).conversion_key
+    (dead,) = list_dead_letters(str(tmp_path / "out"), Storage(), key, max_failed_attempts=2)
+    assert Path(dead.source).name == "broken.pdf" and dead.failed_attempts == 2 and "corrupt" in (dead.error or "")
+    taken_back = interval(3, "h13", retry_dead_letters=True)
+    assert [(Path(doc.source).name, doc.failed_attempts) for doc in taken_back.documents] == [("broken.pdf", 3)]
+
+
+def test_documents_whose_batch_never_reported_are_re_driven(tmp_path: Path) -> None:
+    from olmocr_tasks.pipeline import build_manifest, plan_run, remember_not_converted
+
+    hour = datetime(2026, 3, 1, 10, tzinfo=UTC)
+    pdfgen.write_pdf(tmp_path / "in" / "lost.pdf", pdfgen.text_pdf(1, doc_id=1))
+    _at(tmp_path / "in" / "lost.pdf", hour + timedelta(minutes=5))
+    storage = Storage()
+
+    def request(number: int) -> RunRequest:
+        start = hour + timedelta(hours=number)
+        return RunRequest(str(tmp_path / "in"), str(tmp_path / "out"), f"h{number}",
+                          modified_after=start, modified_until=start + timedelta(hours=1))  # fmt: skip
+
+    plan = plan_run(request(0), storage)
+    manifest = build_manifest(request(0), plan, {})  # its convert task failed on every try
+    assert [doc.error_class for doc in manifest.documents] == ["not_converted"]
+    assert remember_not_converted(request(0), storage, plan, manifest) == 1
+    later = plan_run(request(1), storage)
+    assert [source.uri for source in later.sources] == [str(tmp_path / "in" / "lost.pdf")] and later.redriven == 1

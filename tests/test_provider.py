@@ -34,6 +34,7 @@ from tests.standin.server import StandinServer
 
 H = datetime(2026, 3, 1, 10, tzinfo=UTC)
 H1 = datetime(2026, 3, 1, 11, tzinfo=UTC)
+H0 = datetime(2026, 3, 1, 9, tzinfo=UTC)
 
 
 def test_airflow_lists_the_provider_and_its_connection_type(tmp_path: Path) -> None:
@@ -72,18 +73,24 @@ print(json.dumps({
 @pytest.mark.parametrize(
     ("scope", "run_type", "interval", "expected"),
     [
-        ("auto", "scheduled", (H, H1), (H, H1)),
-        ("auto", "backfill", (H, H1), (H, H1)),
+        # One interval of lookback by default: late and multipart uploads are seen by the next run.
+        ("auto", "scheduled", (H, H1), (H0, H1)),
+        ("auto", "backfill", (H, H1), (H0, H1)),
         ("auto", "manual", (H, H1), (None, None)),
         ("auto", "asset_triggered", (None, None), (None, None)),
         ("auto", "manual", (None, None), (None, None)),
         ("auto", "scheduled", (H, H), (None, None)),
-        ("interval", "manual", (H, H1), (H, H1)),
+        ("interval", "manual", (H, H1), (H0, H1)),
         ("all", "scheduled", (H, H1), (None, None)),
     ],
 )
 def test_resolve_window(scope: str, run_type: str, interval: tuple[Any, Any], expected: tuple[Any, Any]) -> None:
     assert tasks.resolve_window(scope, run_type, *interval) == expected
+
+
+def test_the_lookback_is_counted_in_intervals() -> None:
+    assert tasks.resolve_window("auto", "scheduled", H, H1, 0) == (H, H1)
+    assert tasks.resolve_window("auto", "scheduled", H, H1, 2.5) == (H0 - (H1 - H) * 1.5, H1)
 
 
 @pytest.mark.parametrize("interval", [(None, None), (H, H)])
@@ -109,7 +116,9 @@ def context(
     return {
         "params": {**defaults, **params},
         "dag": SimpleNamespace(dag_id="olmocr_ingest"),
-        "dag_run": SimpleNamespace(run_id=f"{run_type}__2026-03-01T10:00:00+00:00", run_type=run_type),
+        "dag_run": SimpleNamespace(
+            dag_id="olmocr_ingest", run_id=f"{run_type}__2026-03-01T10:00:00+00:00", run_type=run_type
+        ),
         "data_interval_start": interval[0],
         "data_interval_end": interval[1],
         **extra,
@@ -130,7 +139,7 @@ def test_build_request_for_a_scheduled_run_uses_its_interval() -> None:
         interval=(H, H1),
     )
     request = tasks.build_request(ctx, planning=True)
-    assert (request.modified_after, request.modified_until) == (H, H1)
+    assert (request.modified_after, request.modified_until) == (H0, H1)
     assert request.documents is None
     assert request.run_id == "olmocr_ingest__scheduled__2026-03-01T10:00:00+00:00"
     assert request.settings.server.base_urls == ("http://vllm.test:8000/v1",)
@@ -302,9 +311,11 @@ def test_params_form() -> None:
         "documents",
         "scope",
         "reprocess",
+        "lookback_intervals",
         "max_documents",
         "max_page_error_rate",
         "max_document_error_rate",
+        "retry_dead_letters",
         "max_failed_attempts",
         "max_concurrent_requests",
         "batch_pages",
@@ -469,11 +480,16 @@ def test_a_retried_convert_task_reports_its_batch_and_only_runs_that_converted_a
     for doc_id in (1, 2):
         pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(2, doc_id=doc_id))
     run = _RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
-    (batch,) = run.plan()
-    first = tasks.convert_body(run.ctx("convert", try_number=1, map_index=0), batch)
-    # Airflow retries the instance (the first try was thought lost after it had converted everything).
-    retry = tasks.convert_body(run.ctx("convert", try_number=2, map_index=0), batch)
-    assert (first["converted"], first["pages"]) == (retry["converted"], retry["pages"]) == (2, 4)
+    batches = run.plan()
+    for index, batch in enumerate(batches):
+        first = tasks.convert_body(run.ctx("convert", try_number=1, map_index=index), batch)
+        # Airflow retries the instance (its first try was thought lost after it had converted its batch).
+        retry = tasks.convert_body(run.ctx("convert", try_number=2, map_index=index), batch)
+        assert (
+            (first["converted"], first["pages"])
+            == (retry["converted"], retry["pages"])
+            == (batch["documents"], 2 * batch["documents"])
+        )
     summary = run.publish()
     manifest = json.loads(Path(summary["manifest"]).read_text())
     assert manifest["counts"]["converted"] == 2 and manifest["counts"]["pages"] == 4

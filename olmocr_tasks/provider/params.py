@@ -62,6 +62,18 @@ def ingest_params() -> dict[str, Param]:
             description="Convert again even if a PDF was already converted with this model and prompt.",
             section="What to convert",
         ),
+        "lookback_intervals": Param(
+            _lookback_default(),
+            type="number",
+            minimum=0,
+            title="Lookback (intervals)",
+            description=(
+                "Scheduled and backfill runs also list PDFs modified this many intervals before their own, "
+                "so late and multipart uploads (S3 dates them when the upload started) are not missed; "
+                "already converted ones cost nothing (default: OLMOCR_LOOKBACK_INTERVALS or 1)."
+            ),
+            section="What to convert",
+        ),
         "max_documents": Param(
             None,
             type=["null", "integer"],
@@ -84,7 +96,7 @@ def event_params() -> dict[str, Param]:
         description="Output names mirror keys relative to this prefix, as in the ingestion DAG.",
         section="Input and output",
     )
-    for name in ("documents", "scope", "max_documents"):
+    for name in ("documents", "scope", "lookback_intervals", "max_documents"):
         del params[name]
     return params
 
@@ -107,6 +119,15 @@ def _shared_params() -> dict[str, Param]:
             maximum=1,
             title="Max document error rate",
             description="The run fails (after publishing its manifest) when more documents than this share fail.",
+            section="Error budgets",
+        ),
+        "retry_dead_letters": Param(
+            False,
+            type="boolean",
+            title="Retry dead letters",
+            description=(
+                "Convert dead letters once more (every run re-drives failed PDFs until they become dead letters)."
+            ),
             section="Error budgets",
         ),
         "max_failed_attempts": Param(
@@ -138,3 +159,7 @@ def _shared_params() -> dict[str, Param]:
             section="Server",
         ),
     }
+
+
+def _lookback_default() -> float:
+    return float(os.environ.get("OLMOCR_LOOKBACK_INTERVALS") or 1)

@@ -56,6 +56,7 @@ from olmocr_tasks.pipeline import (
     convert_batch,
     plan_run,
     publish_manifest,
+    remember_not_converted,
 )
 from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.hooks import VllmHook, storage_for
@@ -107,12 +108,14 @@ def _value(run_type: Any) -> str:
 
 
 def resolve_window(
-    scope: str, run_type: Any, start: datetime | None, end: datetime | None
+    scope: str, run_type: Any, start: datetime | None, end: datetime | None, lookback_intervals: float = 1.0
 ) -> tuple[datetime | None, datetime | None]:
     """The LastModified window discovery uses: ``(start, end]``, or ``(None, None)`` for everything.
 
     ``auto`` uses the data interval only for scheduled and backfill runs: manual, REST and asset runs
-    either have no interval (``logical_date`` None) or one the user did not choose.
+    either have no interval (``logical_date`` None) or one the user did not choose. The window opens
+    ``lookback_intervals`` intervals early: an object listed after its own interval's run finished
+    (a late or multipart upload) is still seen by the next run.
     """
     if scope not in SCOPES:
         raise ConfigurationError(f"scope must be one of {', '.join(SCOPES)}, not {scope!r}")
@@ -125,9 +128,11 @@ def resolve_window(
                 "scope 'interval' needs a data interval, and this run has none "
                 "(runs triggered by an asset or by the REST API without a logical date have none)"
             )
-        return start, end
+        assert start is not None and end is not None
+        return start - (end - start) * lookback_intervals, end
     if _value(run_type) in _INTERVAL_RUN_TYPES and has_interval:
-        return start, end
+        assert start is not None and end is not None
+        return start - (end - start) * lookback_intervals, end
     return None, None
 
 
@@ -161,6 +166,7 @@ def build_request(
             context["dag_run"].run_type,
             context.get("data_interval_start"),
             context.get("data_interval_end"),
+            float(params.get("lookback_intervals", 1)),
         )
     hook = VllmHook(DEFAULT_CONN_ID)
     settings = ConversionSettings(
@@ -179,6 +185,7 @@ def build_request(
         reprocess=bool(params.get("reprocess", False)),
         max_documents=params.get("max_documents"),
         max_failed_attempts=int(params.get("max_failed_attempts", 3)),
+        retry_dead_letters=bool(params.get("retry_dead_letters", False)),
     )
 
 
@@ -327,10 +334,12 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
         else "any time"
     )
     log.info(
-        "run %s (%s): %d to convert in %d batches, %d already converted, %d dead letters, %d unavailable",
+        "run %s (%s): %d to convert (%d re-driven) in %d batches, %d already converted, %d dead letters, "
+        "%d unavailable",
         request.run_id,
         window,
         len(plan.sources),
+        plan.redriven,
         len(batches),
         plan.already_converted,
         len(plan.dead_letters),
@@ -389,7 +398,10 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
         raise _fail_on_configuration(exc) from None
     storage = storage_for([request.input_uri, request.output_uri])
     folder = request.run_folder(storage, plan_id)
-    manifest = build_manifest(request, folder.read_plan(), folder.collect())
+    plan = folder.read_plan()
+    manifest = build_manifest(request, plan, folder.collect())
+    # Documents whose batch never reported are failures of this run: later runs re-drive them.
+    remember_not_converted(request, storage, plan, manifest)
     # Judged once, here; the verdict travels in the manifest (and in this task's XCom for enforce).
     verdict = manifest.judge_error_budget(float(context["params"].get("max_document_error_rate", 0.05)))
     uri = publish_manifest(manifest, storage)
