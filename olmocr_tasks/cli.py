@@ -82,6 +82,7 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--reprocess", action="store_true", help="convert again even if already converted")
     parser.add_argument("--max-documents", type=_positive_int, help="convert at most this many documents")
     parser.add_argument("--max-failed-attempts", type=_positive_int, default=3, help="runs before a dead letter")
+    parser.add_argument("--retry-dead-letters", action="store_true", help="convert dead letters once more")
     parser.add_argument("--read-timeout", type=float, default=300.0, help="seconds to wait for one answer")
     parser.add_argument("--outage-window", type=float, default=180.0, help="seconds of failures before giving up")
     parser.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the server to be ready")
@@ -169,10 +170,39 @@ def _convert(args: argparse.Namespace) -> int:
         reprocess=args.reprocess,
         max_documents=args.max_documents,
         max_failed_attempts=args.max_failed_attempts,
+        retry_dead_letters=args.retry_dead_letters,
     )
     manifest, uri = run_conversion(request, Storage(), progress_stream=sys.stderr)
     _print_summary(manifest, uri)
     return EXIT_FAILED_DOCUMENTS if manifest.counts()["failed"] else EXIT_OK
+
+
+def _add_dead_letters_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "dead-letters",
+        help="list the PDFs an output location gave up on",
+        description="List the dead letters of an output location (PDFs that failed in too many runs), one "
+        "per line: source, failed runs, last error. Take them back with convert --retry-dead-letters "
+        "or the DAGs' retry_dead_letters Param.",
+    )
+    parser.add_argument("output", help="a local folder or s3://bucket/prefix")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"served model name (default {DEFAULT_MODEL})")
+    parser.add_argument("--target-longest-image-dim", type=_positive_int, default=1288)
+    parser.add_argument("--max-failed-attempts", type=_positive_int, default=3, help="runs before a dead letter")
+    parser.set_defaults(func=_dead_letters)
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    from olmocr_tasks.ledger import conversion_key
+    from olmocr_tasks.pipeline import list_dead_letters
+    from olmocr_tasks.protocol import PROMPT_VERSION
+    from olmocr_tasks.storage import Storage
+
+    output_uri = args.output if "://" in args.output else os.path.abspath(args.output)
+    key = conversion_key(args.model, PROMPT_VERSION, args.target_longest_image_dim)
+    for entry in list_dead_letters(output_uri, Storage(), key, args.max_failed_attempts):
+        print(f"{entry.source}\t{entry.failed_attempts}\t{entry.error}")
+    return EXIT_OK
 
 
 def _print_summary(manifest: Manifest, uri: str) -> None:
@@ -358,6 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_convert_parser(subparsers)
+    _add_dead_letters_parser(subparsers)
     _add_serve_cpu_parser(subparsers)
     _add_serve_vllm_parser(subparsers)
     return parser

@@ -438,3 +438,26 @@ def test_documents_whose_batch_never_reported_are_re_driven(tmp_path: Path) -> N
     assert remember_not_converted(request(0), storage, plan, manifest) == 1
     later = plan_run(request(1), storage)
     assert [source.uri for source in later.sources] == [str(tmp_path / "in" / "lost.pdf")] and later.redriven == 1
+
+
+def test_the_cli_lists_dead_letters_and_takes_them_back(
+    tmp_path: Path, standin: StandinServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from olmocr_tasks.cli import EXIT_FAILED_DOCUMENTS, EXIT_OK, main
+
+    pdfgen.write_pdf(tmp_path / "in" / "broken.pdf", pdfgen.truncated_pdf())
+    inbox, out = str(tmp_path / "in"), str(tmp_path / "out")
+    convert = ["convert", inbox, out, "--server", standin.url, "--model", standin.model, "--max-failed-attempts", "1"]
+    assert main(convert) == EXIT_FAILED_DOCUMENTS
+    assert main(convert) == EXIT_OK  # a dead letter now: listed in the manifest, not tried
+    capsys.readouterr()
+    assert main(["dead-letters", out, "--model", standin.model, "--max-failed-attempts", "1"]) == EXIT_OK
+    (line,) = capsys.readouterr().out.splitlines()
+    source, failures, error = line.split("\t")
+    assert (source, failures) == (str(tmp_path / "in" / "broken.pdf"), "1") and "corrupt" in error
+    requests = len(standin.requests())
+    assert main([*convert, "--retry-dead-letters"]) == EXIT_FAILED_DOCUMENTS
+    capsys.readouterr()
+    main(["dead-letters", out, "--model", standin.model, "--max-failed-attempts", "1"])
+    assert capsys.readouterr().out.split("\t")[1] == "2"
+    assert len(standin.requests()) == requests  # a corrupt PDF fails before any page request
