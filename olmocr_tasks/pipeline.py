@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TextIO
 
 from olmocr_tasks import __version__
@@ -272,6 +273,28 @@ def convert_batch(
     entries = [by_source[source.uri] for source in sources if source.uri in by_source]
     uri = attempt.write_part(entries)
     return count_entries(entries) | {"part": uri, "batch": batch_key, "try_number": attempt.try_number}
+
+
+def convert_time_limit(pages: int, documents: int, settings: ConversionSettings) -> timedelta:
+    """How long one convert attempt of a batch may run: the bound Airflow's ``execution_timeout`` enforces.
+
+    The worst case the client allows, not a typical time: every page spends all its attempts at the
+    read timeout, one request window of pages after another, each document's renders hit the render
+    time limit, and the task rides out one outage and the readiness wait. Beyond it the attempt is
+    hung (a stuck renderer, a dead socket nobody times out): Airflow times it out and retries it.
+    ``pages`` may be an estimate; documents count as at least one page each.
+    """
+    server = settings.server
+    waves = math.ceil(max(pages, documents, 1) / max(server.max_concurrent_requests, 1))
+    per_wave = settings.page.max_page_retries * (server.read_timeout_s + server.connect_timeout_s)
+    seconds = (
+        server.readiness_timeout_s
+        + server.outage_window_s
+        + server.request_retry_budget_s
+        + waves * per_wave
+        + documents * settings.limits.render_timeout_s
+    )
+    return timedelta(seconds=math.ceil(seconds))
 
 
 def build_manifest(

@@ -316,6 +316,8 @@ def test_explicit_documents_list_converts_only_those(airflow_env: AirflowEnv, tm
     assert docs[str(inbox / "wanted.pdf")]["status"] == "converted"
     assert docs[missing]["status"] == "failed"
     assert not (output / "markdown" / "other.md").exists()
+    # Each convert instance set its own execution_timeout from its batch before it ran.
+    assert "time limit of this attempt" in result.output
 
 
 def _s3_event_body(bucket: str, *records: tuple[str, str]) -> str:

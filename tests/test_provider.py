@@ -7,7 +7,7 @@ import re
 import socket
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -527,3 +527,25 @@ def test_plan_refuses_a_server_that_reports_another_model(tmp_path: Path, standi
         run.plan()
     run.xcom["check_server", "return_value"] = [standin_conn.model]
     assert run.plan() == []
+
+
+def test_each_convert_instance_gets_a_time_limit_from_its_pages_and_the_request_timeouts() -> None:
+    from olmocr_tasks.config import ConversionSettings, ServerSettings
+    from olmocr_tasks.pipeline import convert_time_limit
+
+    settings = ConversionSettings(server=ServerSettings(max_concurrent_requests=64))
+    one_page = convert_time_limit(1, 1, settings)
+    # Every page's eight attempts at the read timeout, plus one outage, the readiness wait and a render limit.
+    assert one_page.total_seconds() == 60 + 180 + 120 + 8 * (300 + 10) + 120
+    assert convert_time_limit(64, 1, settings) == one_page  # one request window
+    assert convert_time_limit(65, 1, settings) - one_page == timedelta(seconds=8 * 310)
+    assert convert_time_limit(3000, 40, settings) > convert_time_limit(3000, 1, settings)
+
+
+@pytest.mark.usefixtures("vllm_conn")
+def test_convert_sets_its_own_execution_timeout_before_it_runs() -> None:
+    batch = {"plan": "p1-x", "batch": "b00000", "label": "a.pdf", "documents": 2, "pages": 130}
+    task = SimpleNamespace(op_kwargs={"batch": batch}, execution_timeout=None)
+    tasks.limit_convert_time(context({"input_uri": "/i", "output_uri": "/o"}, task=task))
+    assert task.execution_timeout is not None and task.execution_timeout > timedelta(hours=2)
+    assert tasks.convert.kwargs["pre_execute"] is tasks.limit_convert_time

@@ -54,6 +54,7 @@ from olmocr_tasks.pipeline import (
     RunRequest,
     build_manifest,
     convert_batch,
+    convert_time_limit,
     plan_run,
     publish_manifest,
     remember_not_converted,
@@ -315,6 +316,8 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
             "batch": f"b{index:05d}",
             "label": batch_label(batch, request.input_uri),
             "documents": len(batch),
+            # Estimated from sizes: sets the instance's execution_timeout (see limit_convert_time).
+            "pages": sum(rule.estimated_pages(source) for source in batch),
         }
         for index, batch in enumerate(batches)
     ]
@@ -376,6 +379,22 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
     log.info("batch %s (%s): %s", batch["batch"], batch.get("label"), summary)
     emit_metrics(summary)
     return summary
+
+
+def limit_convert_time(context: Mapping[str, Any]) -> None:
+    """``pre_execute`` of convert: this instance's ``execution_timeout`` from its batch and the timeouts.
+
+    A mapped task has one static timeout for all its instances; a one-page batch and a 3,000-page one
+    need different bounds, so each instance sets its own before it runs (``convert_time_limit``).
+    """
+    task = context["task"]
+    batch = task.op_kwargs["batch"]
+    try:
+        settings = build_request(context).settings
+    except ConfigurationError:
+        return  # convert_body reports it
+    task.execution_timeout = convert_time_limit(int(batch.get("pages") or 0), int(batch["documents"]), settings)
+    log.info("time limit of this attempt: %s (%s estimated pages)", task.execution_timeout, batch.get("pages"))
 
 
 def emit_metrics(summary: Mapping[str, Any]) -> None:
@@ -484,6 +503,7 @@ def plan(event_asset: str | None = None) -> list[dict[str, Any]]:
     max_retry_delay=timedelta(minutes=30),
     retry_policy=_INFRASTRUCTURE_RETRIES,
     map_index_template="{{ batch_label }}",
+    pre_execute=limit_convert_time,
 )
 def convert(batch: dict[str, Any]) -> dict[str, Any]:
     """Convert one batch of documents (usually one document)."""
