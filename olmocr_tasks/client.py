@@ -178,7 +178,9 @@ class InferenceClient:
         if settings.api_key:
             headers["Authorization"] = f"Bearer {settings.api_key}"
         self._headers = headers
-        connections = settings.max_concurrent_requests + len(self._replicas) + _CONNECTION_HEADROOM
+        # Hedges go beyond the window (at most a quarter of it at once, see _room_for_hedge).
+        connections = settings.max_concurrent_requests + _hedge_cap(settings.max_concurrent_requests)
+        connections += len(self._replicas) + _CONNECTION_HEADROOM
         # Probes and /metrics polls have their own small pool: they must never wait behind pages
         # (hung requests included) for a connection.
         self._control_http = httpx.AsyncClient(
@@ -451,7 +453,7 @@ class InferenceClient:
     def _room_for_hedge(self) -> bool:
         """Does the server have spare capacity for a second request? Its queue says so when vLLM's
         metrics are read; otherwise a free place in the in-flight window does."""
-        if self._hedges_in_flight >= max(1, self._window.controller.ceiling // 4):
+        if self._hedges_in_flight >= _hedge_cap(self._window.controller.ceiling):
             return False
         now = self._clock()
         samples = [r.sample for r in self._replicas if r.sample is not None and not r.cooling(now)]
@@ -678,6 +680,11 @@ class InferenceClient:
             probes_ok=self._breaker.probes_ok,
             probes_failed=self._breaker.probes_failed,
         )
+
+
+def _hedge_cap(window: int) -> int:
+    """Hedges in flight at once: a quarter of the window, so hedging cannot double the load."""
+    return max(1, window // 4)
 
 
 def backoff_delay(settings: ServerSettings, rounds: int, retry_after: float | None = None) -> float:
