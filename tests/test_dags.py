@@ -449,3 +449,35 @@ def test_a_server_serving_another_model_fails_the_run_at_once(airflow_env: Airfl
             "SELECT try_number FROM task_instance WHERE run_id = ? AND task_id = 'check_server'", (result.run_id,)
         ).fetchone()
     assert tries == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_later_interval_re_drives_the_failures_of_an_earlier_one(airflow_env: AirflowEnv, tmp_path: Path) -> None:
+    inbox, output = tmp_path / "inbox", tmp_path / "out"
+    inbox.mkdir()
+    hour = datetime(2026, 3, 1, 10, tzinfo=UTC)
+    for name, data in (("good.pdf", text_pdf(1, 61)), ("broken.pdf", not_a_pdf())):
+        (inbox / name).write_bytes(data)
+        moment = (hour + timedelta(minutes=5)).timestamp()
+        os.utime(inbox / name, (moment, moment))
+    # No lookback, so the second interval discovers nothing of its own: only re-driving can find broken.pdf.
+    conf = {"input_uri": str(inbox), "output_uri": str(output), "max_document_error_rate": 1.0, "lookback_intervals": 0}
+    manifests = []
+    for start in (hour, hour + timedelta(hours=1)):
+        result = airflow_env.dag_test(
+            "olmocr_ingest",
+            logical_date=_iso(start),
+            conf=conf,
+            run_type="scheduled",
+            data_interval=(_iso(start), _iso(start + timedelta(hours=1))),
+        )
+        _check(result)
+        manifests.append(_read_manifest(Storage(), str(output), "olmocr_ingest", result))
+    first, second = (_by_source(manifest) for manifest in manifests)
+    assert {Path(source).name: doc["status"] for source, doc in first.items()} == {
+        "good.pdf": "converted",
+        "broken.pdf": "failed",
+    }
+    (again,) = second.values()
+    assert (Path(again["source"]).name, again["error_class"], again["failed_attempts"]) == ("broken.pdf", "not_pdf", 2)
