@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from olmocr_tasks.provider.triggers import VllmReadyTrigger
+from olmocr_tasks.errors import ServerNotReady
+from olmocr_tasks.provider.triggers import VllmReadyTrigger, models_from_event
 from tests.airflow_env import vllm_connection
 from tests.fixtures.standin import StandinServer
 
@@ -122,3 +123,13 @@ def test_serialized_trigger_keeps_its_deadline_and_carries_no_secret() -> None:
     assert kwargs == {"conn_id": CONN_ID, "deadline": trigger.deadline, "poll_interval_s": 5}
     # Re-created after a triggerer restart, it waits for the same moment, not 30 more minutes.
     assert VllmReadyTrigger(**kwargs).deadline == trigger.deadline
+
+
+def test_the_deferred_task_resumes_from_the_event() -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    assert models_from_event({"status": "ready", "models": ["m"], "not_ready": []}) == ["m"]
+    with pytest.raises(AirflowFailException, match="serves x"):
+        models_from_event({"status": "misconfigured", "message": "vllm serves x; configured model is m"})
+    with pytest.raises(ServerNotReady, match="deadline"):
+        models_from_event({"status": "timeout", "message": "vLLM not ready by the deadline: refused"})

@@ -25,7 +25,7 @@ import httpx
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from olmocr_tasks.config import ServerSettings
-from olmocr_tasks.errors import ConfigurationError
+from olmocr_tasks.errors import ConfigurationError, ServerNotReady
 from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.readiness import ModelsProbe, ProbeResult
 
@@ -106,3 +106,17 @@ class VllmReadyTrigger(BaseTrigger):
                 {"status": "timeout", "message": "vLLM not ready by the deadline: " + "; ".join(waiting)}
             )
         return None
+
+
+def models_from_event(event: dict[str, Any], conn_id: str = DEFAULT_CONN_ID) -> list[str]:
+    """What a deferred ``check_server`` does when the trigger fires: return the served models, fail
+    the task for good on a misconfiguration, or raise ``ServerNotReady`` (retryable) at the deadline."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    status = event.get("status")
+    if status == "ready":
+        return [str(model) for model in event.get("models", [])]
+    message = str(event.get("message", ""))
+    if status == "misconfigured":
+        raise AirflowFailException(f"vLLM (connection {conn_id!r}) cannot be used: {message}")
+    raise ServerNotReady(f"vLLM (connection {conn_id!r}) is not ready: {message or status}")
