@@ -111,6 +111,8 @@ class Manifest:
     gpu_hour_price: float | None = None
     # Set by ``judge_error_budget`` (the Airflow publish task): the budget and whether this run exceeded it.
     error_budget: dict[str, Any] | None = None
+    # Set by the Airflow publish task: the DAG run (id, type, data interval) this manifest belongs to.
+    airflow_run: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def counts(self) -> dict[str, int]:
@@ -182,6 +184,7 @@ class Manifest:
             "counts": self.counts(),
             "metrics": self.metrics(),
             "error_budget": self.error_budget,
+            "airflow_run": self.airflow_run,
             "documents": [doc.to_dict() for doc in self.documents],
             "dead_letters": [doc.to_dict() for doc in self.dead_letters],
         }
@@ -207,6 +210,7 @@ class Manifest:
             already_converted=data.get("counts", {}).get("already_converted", 0),
             gpu_hour_price=(data.get("metrics", {}).get("cost") or {}).get("gpu_hour_price"),
             error_budget=data.get("error_budget"),
+            airflow_run=data.get("airflow_run"),
             schema_version=data.get("schema_version", SCHEMA_VERSION),
         )
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote
 
@@ -31,15 +33,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory, airflow_home: AirflowEnv, mot
     return real_runs(tmp_path_factory.getbasetemp(), airflow_home, moto_server)
 
 
-def copy_manifests(runs: RealRuns, output: Path) -> None:
-    """The real runs' manifests, plus one corrupt file, under ``output/manifests/``."""
-    shutil.copytree(runs.output / "manifests", output / "manifests")
+def copy_output(runs: RealRuns, output: Path) -> None:
+    """The real runs' output tree under ``output`` (the manifests naming the copies), plus a corrupt manifest."""
+    shutil.copytree(runs.output, output, dirs_exist_ok=True)
+    for path in (output / "manifests").glob("*.json"):
+        path.write_text(path.read_text().replace(json.dumps(str(runs.output))[1:-1], json.dumps(str(output))[1:-1]))
     (output / "manifests" / "broken-run.json").write_text('{"run_id": "broken", "documents": [')
 
 
 @pytest.fixture
 def output(runs: RealRuns, tmp_path: Path) -> Path:
-    copy_manifests(runs, tmp_path)
+    copy_output(runs, tmp_path)
     return tmp_path
 
 
@@ -109,9 +113,11 @@ def test_budget_verdict_comes_from_the_manifest(output: Path, runs: RealRuns) ->
     assert statuses[FAILING_RUN] == "failed_budget"
 
 
-def test_api_run_returns_manifest(client: TestClient, runs: RealRuns) -> None:
-    body = client.get(f"/api/runs/{runs.key(runs.airflow_manifest_run_id)}").json()
-    assert body == runs.manifest(runs.airflow_manifest_run_id)
+def test_api_run_returns_manifest(client: TestClient, output: Path, runs: RealRuns) -> None:
+    key = runs.key(runs.airflow_manifest_run_id)
+    body = client.get(f"/api/runs/{key}").json()
+    assert body == json.loads((output / "manifests" / f"{key}.json").read_text())
+    assert body["run_id"] == runs.airflow_manifest_run_id and body["airflow_run"]["dag_id"] == DAG_ID
     assert client.get("/api/runs/nope").status_code == 404
 
 
@@ -135,7 +141,101 @@ def test_run_page_cards_charts_and_failures(client: TestClient, runs: RealRuns) 
 
 def test_dead_letters_are_listed(client: TestClient, runs: RealRuns) -> None:
     page = client.get(f"/runs/{runs.key(DEAD_LETTER_RUN)}").text
-    assert "dead letter" in page and str(runs.cli_input / "corrupt.pdf") in page
+    section = page[page.index('id="dead-letters"') :]
+    assert str(runs.cli_input / "corrupt.pdf") in section and "not_pdf" in section
+
+
+def _rows(page: str, table_id: str) -> list[str]:
+    table = page[page.index(f'aria-labelledby="{table_id}"') :]
+    body = table[table.index("<tbody>") : table.index("</tbody>")]
+    return body.split("<tr>")[1:]
+
+
+def test_run_page_lists_every_document_with_its_outputs_and_log(runs: RealRuns) -> None:
+    client = TestClient(create_app(str(runs.output)))
+    manifest = runs.manifest(runs.airflow_manifest_run_id)
+    key = runs.key(runs.airflow_manifest_run_id)
+    rows = _rows(client.get(f"/runs/{key}").text, "documents")
+    assert len(rows) == len(manifest["documents"]) == 4
+    run_id = quote(runs.airflow_run_id, safe="")
+    for index, (row, doc) in enumerate(zip(rows, manifest["documents"], strict=True)):
+        assert f">{doc['status']}<" in row and f">{doc['pages']:,}<" in row
+        assert f">{doc['input_tokens']:,}<" in row and f">{doc['output_tokens']:,}<" in row
+        task = doc["task"]
+        link = f"/dags/{DAG_ID}/runs/{run_id}/tasks/convert/mapped/{task['map_index']}?try_number={task['try_number']}"
+        assert f'href="{link}"' in row
+        for kind in ("markdown", "dolma"):
+            assert (f'href="/runs/{quote(key)}/documents/{index}/{kind}"' in row) is (kind in doc["outputs"])
+    converted = [i for i, doc in enumerate(manifest["documents"]) if doc["status"] == "converted"]
+    assert len(converted) == 2
+    for index in converted:
+        doc = manifest["documents"][index]
+        markdown = client.get(f"/runs/{key}/documents/{index}/markdown")
+        assert markdown.status_code == 200 and markdown.headers["content-type"].startswith("text/plain")
+        assert markdown.headers["x-content-type-options"] == "nosniff"
+        assert markdown.text == Path(doc["outputs"]["markdown"]).read_text()
+        dolma = json.loads(client.get(f"/runs/{key}/documents/{index}/dolma").text)
+        assert dolma["metadata"]["Source-File"] == doc["source"]
+
+
+def test_output_links_serve_only_what_the_manifest_names_below_the_output(tmp_path: Path, runs: RealRuns) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(runs.output, copy)
+    key = runs.key(CLEAN_RUN)
+    path = copy / "manifests" / f"{key}.json"
+    data = json.loads(path.read_text())
+    outputs = [doc["outputs"] for doc in data["documents"]]
+    outputs[0]["markdown"] = outputs[0]["markdown"].replace(str(runs.output), str(copy))
+    # A manifest naming files outside the output location does not make the page serve them.
+    outputs[0]["dolma"] = str(runs.clean_input / "annual-report.pdf")
+    outputs[1]["markdown"] = f"{copy}/../clean-inbox/memo.pdf"
+    path.write_text(json.dumps(data))
+    client = TestClient(create_app(str(copy)))
+    assert client.get(f"/runs/{key}/documents/0/markdown").status_code == 200
+    assert client.get(f"/runs/{key}/documents/0/dolma").status_code == 403
+    assert client.get(f"/runs/{key}/documents/1/markdown").status_code == 403
+    for link in (
+        f"/runs/{key}/documents/9/markdown",
+        f"/runs/{key}/documents/0/manifest",
+        "/runs/nope/documents/0/dolma",
+    ):
+        assert client.get(link).status_code == 404, link
+
+
+def test_trigger_and_data_interval_of_the_run(client: TestClient, runs: RealRuns) -> None:
+    manifest = runs.manifest(runs.airflow_manifest_run_id)
+    assert manifest["airflow_run"]["run_type"] == "scheduled"
+    page = client.get(f"/runs/{runs.key(runs.airflow_manifest_run_id)}").text
+    start, end = (
+        datetime.fromisoformat(stamp).strftime("%Y-%m-%d %H:%M:%S UTC") for stamp in runs.airflow_data_interval
+    )
+    assert "Trigger: <strong>scheduled</strong>" in page
+    assert f"data interval {start} → {end}" in page
+    assert "Trigger: <strong>command line</strong>" in client.get(f"/runs/{runs.key(CLEAN_RUN)}").text
+    listed = {run["run_id"]: run["trigger"] for run in client.get("/api/runs").json()["runs"]}
+    assert listed[runs.airflow_manifest_run_id] == "scheduled" and listed[CLEAN_RUN] == "command line"
+
+
+def test_search_finds_a_document_in_every_run(client: TestClient, runs: RealRuns) -> None:
+    page = client.get("/", params={"q": "CORRUPT"}).text
+    rows = _rows(page, "matches")
+    # The failing run converted it and failed; the rerun set it aside as a dead letter (not a document).
+    assert len(rows) == 1 and FAILING_RUN in rows[0] and str(runs.cli_input / "corrupt.pdf") in rows[0]
+    assert "not_pdf" in rows[0]
+    rows = _rows(client.get("/", params={"q": "scan-"}).text, "matches")
+    assert len(rows) == 2 and all(runs.airflow_manifest_run_id in row for row in rows)
+    assert all("/documents/" in row and "/markdown" in row for row in rows)
+    assert "No document of any run" in client.get("/", params={"q": "nothing-like-this"}).text
+    assert XSS not in client.get("/", params={"q": XSS}).text
+
+
+def test_progress_chart_ticks_are_whole_pages(client: TestClient, runs: RealRuns) -> None:
+    page = client.get(f"/runs/{runs.key(runs.airflow_manifest_run_id)}").text
+    svg = page[page.index("Pages converted over time") :]
+    svg = svg[: svg.index("</svg>")]
+    # Tick labels right of the y axis are text-anchor="end"; every one is a whole number.
+    ticks = re.findall(r'text-anchor="end"[^>]*>([^<]+)<', svg)
+    assert len(ticks) == 5 and all(tick.isdigit() for tick in ticks), ticks
 
 
 def test_everything_rendered_is_escaped(client: TestClient, runs: RealRuns) -> None:

@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote
 
@@ -19,7 +20,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.ocr_runs import CLEAN_RUN, DEAD_LETTER_RUN, XSS, RealRuns
-from tests.test_plugin_app import copy_manifests, runs  # noqa: F401 (runs is a fixture)
+from tests.test_plugin_app import copy_output, runs  # noqa: F401 (runs is a fixture)
 
 # tests.test_plugin_app has put plugins/ on sys.path.
 from olmocr_runs import create_app  # isort: skip
@@ -47,7 +48,7 @@ def site(tmp_path_factory: pytest.TempPathFactory, runs: RealRuns) -> Iterator[s
     import uvicorn
 
     output = tmp_path_factory.mktemp("ocr-output")
-    copy_manifests(runs, output)
+    copy_output(runs, output)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -113,8 +114,9 @@ def test_runs_list_in_browser(site: str, page: Page, runs: RealRuns) -> None:  #
     expect(clean).to_contain_text(CLEAN_RUN)
     expect(clean).to_contain_text("all converted")
     counts = runs.manifest(CLEAN_RUN)["counts"]
-    expect(clean.locator("td").nth(3)).to_have_text(str(counts["converted"]))
-    expect(clean.locator("td").nth(6)).to_have_text(str(counts["pages"]))
+    expect(clean.locator("td").nth(2)).to_have_text("command line")
+    expect(clean.locator("td").nth(4)).to_have_text(str(counts["converted"]))
+    expect(clean.locator("td").nth(7)).to_have_text(str(counts["pages"]))
     airflow_run = rows.nth(3)
     expect(airflow_run).to_contain_text(runs.airflow_manifest_run_id)
     expect(airflow_run).to_contain_text("failed budget")
@@ -149,18 +151,70 @@ def test_run_page_in_browser(site: str, page: Page, dialogs: list[str], runs: Re
     box = charts.first.bounding_box()
     assert box is not None and box["width"] > 300 and box["height"] > 100
 
-    table = page.locator("table", has=page.get_by_role("columnheader", name="Error class"))
-    expect(table.locator("tbody tr")).to_have_count(2)
+    start, end = (
+        datetime.fromisoformat(stamp).strftime("%Y-%m-%d %H:%M:%S UTC") for stamp in runs.airflow_data_interval
+    )
+    expect(page.locator("p.trigger")).to_contain_text("Trigger: scheduled")
+    expect(page.locator("p.trigger")).to_contain_text(f"data interval {start} → {end}")
+
+    # Every document, not only the failed ones.
+    table = page.get_by_role("table").filter(has=page.get_by_role("columnheader", name="Fallback pages"))
+    rows = table.locator("tbody tr")
+    expect(rows).to_have_count(len(manifest["documents"]))
     expect(table).to_contain_text("not_pdf")
+    expect(table).to_contain_text("converted")
     # The hostile source is shown as text, literally; no script ran.
     expect(table.get_by_text(runs.hostile_source).first).to_be_visible()
     assert XSS in runs.hostile_source
     assert dialogs == []
     assert page.locator("script").count() == 0
     log_link = table.get_by_role("link", name="log").first
-    assert f"/dags/olmocr_ingest/runs/{quote(runs.airflow_run_id, safe='')}/tasks/convert/mapped/0" in (
+    assert f"/dags/olmocr_ingest/runs/{quote(runs.airflow_run_id, safe='')}/tasks/convert/mapped/" in (
         log_link.get_attribute("href") or ""
     )
+    # Whole pages on the progress chart's axis.
+    ticks = page.get_by_role("img", name="Pages converted over time").locator('text[text-anchor="end"]')
+    labels = ticks.all_text_contents()
+    assert len(labels) == 5 and all(label.isdigit() for label in labels), labels
+
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "ocr-run-detail.png"), full_page=True)
+
+    # A converted document's markdown opens from its row.
+    converted = next(doc for doc in manifest["documents"] if doc["status"] == "converted")
+    row = rows.filter(has=page.get_by_text(converted["source"], exact=True))
+    row.get_by_role("link", name="markdown").click()
+    expect(page.locator("body")).to_have_text(Path(converted["outputs"]["markdown"]).read_text().strip())
+
+
+def test_search_across_runs_in_browser(site: str, page: Page, runs: RealRuns) -> None:  # noqa: F811
+    page.goto(f"{site}/")
+    page.get_by_role("searchbox").fill("memo")
+    page.get_by_role("button", name="Search").click()
+    matches = page.get_by_role("table").filter(has=page.get_by_role("columnheader", name="Source"))
+    expect(matches.locator("tbody tr")).to_have_count(1)
+    expect(matches).to_contain_text(str(runs.clean_input / "memo.pdf"))
+    expect(matches).to_contain_text(CLEAN_RUN)
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "ocr-runs-search.png"), full_page=True)
+    matches.get_by_role("link", name="dolma").click()
+    assert '"Source-File": "' + str(runs.clean_input / "memo.pdf") in page.locator("body").inner_text()
+
+
+def test_long_run_ids_do_not_wrap_the_table(site: str, page: Page, runs: RealRuns) -> None:  # noqa: F811
+    page.set_viewport_size({"width": 1100, "height": 900})
+    page.goto(f"{site}/")
+    rows = page.locator("tbody tr")
+    long_row = rows.filter(has_text=runs.airflow_manifest_run_id)
+    short_row = rows.filter(has_text=CLEAN_RUN)
+    long_box, short_box = long_row.bounding_box(), short_row.bounding_box()
+    assert long_box is not None and short_box is not None
+    # The Airflow run id is far longer than the CLI's, yet its row is no taller.
+    assert len(runs.airflow_manifest_run_id) > 3 * len(CLEAN_RUN)
+    assert long_box["height"] <= short_box["height"] + 1
+    # The full id stays available as the link's tooltip.
+    link = long_row.get_by_role("link", name=runs.airflow_manifest_run_id)
+    assert link.get_attribute("title") == runs.airflow_manifest_run_id
 
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "ocr-run-detail.png"), full_page=True)

@@ -190,6 +190,24 @@ def build_request(
     )
 
 
+def airflow_run_record(context: Mapping[str, Any]) -> dict[str, Any]:
+    """What the manifest records about its DAG run: how it was triggered and the interval it covers."""
+    run = context["dag_run"]
+
+    def stamp(value: Any) -> str | None:
+        return value.isoformat() if value is not None else None
+
+    return {
+        "dag_id": run.dag_id,
+        "run_id": run.run_id,
+        "run_type": _value(run.run_type),
+        "logical_date": stamp(getattr(run, "logical_date", None)),
+        "data_interval_start": stamp(context.get("data_interval_start")),
+        "data_interval_end": stamp(context.get("data_interval_end")),
+        "triggering_user_name": getattr(run, "triggering_user_name", None),
+    }
+
+
 def task_identity(context: Mapping[str, Any]) -> dict[str, Any]:
     """What a manifest entry records about the task that converted it (links the UI to the log)."""
     ti = context["ti"]
@@ -423,6 +441,7 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
     remember_not_converted(request, storage, plan, manifest)
     # Judged once, here; the verdict travels in the manifest (and in this task's XCom for enforce).
     verdict = manifest.judge_error_budget(float(context["params"].get("max_document_error_rate", 0.05)))
+    manifest.airflow_run = airflow_run_record(context)
     uri = publish_manifest(manifest, storage)
     summary: dict[str, Any] = {
         "manifest": uri,

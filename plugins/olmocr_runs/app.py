@@ -1,6 +1,7 @@
 """The "OCR runs" pages: a FastAPI app the Airflow api-server mounts through the plugin.
 
-It reads run manifests (``OUTPUT/manifests/*.json``) and nothing else. The output location comes
+It reads run manifests (``OUTPUT/manifests/*.json``) and the outputs those manifests name below the
+output location (a document's markdown and Dolma record), nothing else. The output location comes
 from ``create_app(output_uri=...)``, else the ``OLMOCR_OUTPUT_URI`` environment variable, else the
 Airflow Variable ``olmocr_output_uri`` (looked up per request, so changing it needs no restart).
 All pages render on the server and work without JavaScript; every value from a manifest is
@@ -16,19 +17,33 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from datetime import UTC
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import FastAPI, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from olmocr_tasks.access import AccessPolicy, LocationNotAllowedError
+from olmocr_tasks.errors import StorageError, UnreadableSourceError
 from olmocr_tasks.redaction import redact_url
 
 from . import charts
-from .runs import STATUS_LABELS, RunDetail, build_detail, scrub
+from .runs import (
+    OUTPUT_KINDS,
+    STATUS_LABELS,
+    DocumentRow,
+    RunDetail,
+    RunSummary,
+    build_detail,
+    output_of,
+    parse_time,
+    scrub,
+)
 from .store import ManifestReadError, ManifestStore
 
 log = logging.getLogger(__name__)
@@ -38,6 +53,8 @@ AIRFLOW_VARIABLE = "olmocr_output_uri"
 # A Variable lookup is a database query; the list page may be reloaded often.
 _VARIABLE_TTL_S = 30.0
 MAX_PER_PAGE = 500
+# Documents listed for one search across runs; a longer result asks for a more specific name.
+MAX_MATCHES = 500
 # Shown for figures a manifest does not have (an en dash, written as an escape for ruff's RUF001).
 _BLANK = "\u2013"
 
@@ -66,10 +83,11 @@ def _fmt_pct(value: Any) -> str:
 
 
 def _fmt_time(value: Any) -> str:
-    """ISO stamps shown to the second, in UTC as written."""
-    if not isinstance(value, str) or not value:
-        return _BLANK
-    return value.replace("T", " ").split(".")[0].removesuffix("Z") + (" UTC" if value.endswith("Z") else "")
+    """ISO stamps shown to the second, in UTC."""
+    stamp = parse_time(value)
+    if stamp is None:
+        return _BLANK if not value else str(value)
+    return stamp.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 _templates.filters.update(n=_fmt_int, dec=_fmt_float, pct=_fmt_pct, time=_fmt_time)
@@ -157,6 +175,7 @@ def _charts(detail: RunDetail) -> list[dict[str, Any]]:
                     x_label="seconds since the run started",
                     y_label="pages (cumulative)",
                     empty_message="No converted pages",
+                    whole_y=True,
                 )
             ),
             "caption": detail.progress_note,
@@ -200,6 +219,19 @@ def _charts(detail: RunDetail) -> list[dict[str, Any]]:
     ]
 
 
+def _search(runs: list[RunSummary], query: str) -> list[tuple[RunSummary, DocumentRow]]:
+    """Documents whose source contains ``query`` (any letter case), newest run first."""
+    needle = query.casefold()
+    found = []
+    for run in runs:
+        for row in run.documents:
+            if needle in row.source.casefold():
+                found.append((run, row))
+                if len(found) >= MAX_MATCHES:
+                    return found
+    return found
+
+
 def create_app(
     output_uri: str | None = None,
     *,
@@ -236,8 +268,10 @@ def create_app(
         request: Request,
         page: int = Query(1, ge=1),
         per_page: int = Query(50, ge=1, le=MAX_PER_PAGE),
+        q: str = Query("", max_length=500, description="part of a source name, searched across every run"),
     ) -> HTMLResponse:
         store = location.store()
+        query = q.strip()
         if store is None:
             return _page(
                 request,
@@ -250,8 +284,12 @@ def create_app(
                 pages=1,
                 per_page=per_page,
                 total=0,
+                query=query,
+                matches=None,
+                airflow_base=_airflow_base(request, airflow_ui_base),
             )
         listing = store.listing()
+        matches = _search(listing.runs, query) if query else None
         total = len(listing.runs)
         pages = max(1, math.ceil(total / per_page))
         page = min(page, pages)
@@ -268,6 +306,9 @@ def create_app(
             pages=pages,
             per_page=per_page,
             total=total,
+            query=query,
+            matches=matches,
+            airflow_base=_airflow_base(request, airflow_ui_base),
         )
 
     @app.get("/runs/{run_key}", response_class=HTMLResponse, name="run_page")
@@ -300,10 +341,50 @@ def create_app(
         return _page(
             request,
             "run.html",
+            airflow_base=_airflow_base(request, airflow_ui_base),
             run=detail,
             charts=_charts(detail),
             server_json=json.dumps(detail.server, indent=1, sort_keys=True, default=str),
             settings_json=json.dumps(detail.settings, indent=1, sort_keys=True, default=str),
+        )
+
+    @app.get("/runs/{run_key}/documents/{index}/{kind}", name="document_output")
+    def document_output(run_key: str, index: int, kind: str) -> Response:
+        """A document's markdown or Dolma record, as plain text.
+
+        Found through the manifest (never a path from the request) and served only from below the
+        configured output location, so a manifest cannot be used to read anything else.
+        """
+        store = location.store()
+        if store is None:
+            return PlainTextResponse(_not_configured_message(), status_code=503)
+        manifest = store.find(run_key) if kind in OUTPUT_KINDS else None
+        if manifest is None:
+            return PlainTextResponse("No such run or output", status_code=404)
+        try:
+            uri = output_of(store.read(manifest), index, kind)
+        except ManifestReadError as exc:
+            return PlainTextResponse(f"Unreadable manifest: {exc}", status_code=422)
+        if uri is None:
+            return PlainTextResponse("This document has no such output", status_code=404)
+        try:
+            AccessPolicy(inputs=None, outputs=(store.output_uri,)).check_output(uri)
+        except LocationNotAllowedError:
+            return PlainTextResponse("This output is not under the output location", status_code=403)
+        try:
+            body = store.storage.read_bytes(uri)
+        except (StorageError, UnreadableSourceError) as exc:
+            return PlainTextResponse(f"The output could not be read: {exc}", status_code=404)
+        name = uri.rsplit("/", 1)[-1]
+        return Response(
+            body,
+            media_type="text/plain; charset=utf-8",
+            # Shown as text in the browser, never interpreted as a page of this site.
+            headers={
+                "X-Content-Type-Options": "nosniff",
+                "Content-Security-Policy": "default-src 'none'; sandbox",
+                "Content-Disposition": f"inline; filename*=UTF-8''{quote(name, safe='')}",
+            },
         )
 
     @app.get("/api/runs", name="api_runs")

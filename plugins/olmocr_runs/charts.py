@@ -94,6 +94,11 @@ def _frame(title: str, description: str, body: list[str], x_label: str, y_label:
     return "\n".join(parts)
 
 
+def _whole_ticks(y_max: float) -> float:
+    """An axis maximum whose four intervals are whole numbers (for counts)."""
+    return float(max(4, math.ceil(y_max / 4) * 4))
+
+
 def _y_axis(y_max: float) -> tuple[list[str], float]:
     """Grid lines and tick labels for 0..y_max; returns them with the pixels per unit."""
     plot_bottom = HEIGHT - _BOTTOM
@@ -134,8 +139,7 @@ def bar_chart(
         return _empty(title, x_label, y_label, empty_message)
     y_max = nice_ceiling(max(value for _, value in bars))
     if all(float(value).is_integer() for _, value in bars):
-        # Counts: keep every tick on a whole number.
-        y_max = max(4.0, math.ceil(y_max / 4) * 4)
+        y_max = _whole_ticks(y_max)
     grid, scale = _y_axis(y_max)
     plot_bottom = HEIGHT - _BOTTOM
     slot = (WIDTH - _RIGHT - _LEFT) / len(bars)
@@ -170,8 +174,12 @@ def line_chart(
     x_label: str = "",
     y_label: str = "",
     empty_message: str = "No data",
+    whole_y: bool = False,
 ) -> str:
-    """A step-free polyline through (x, y) points sorted by x, with both axes starting at zero."""
+    """A step-free polyline through (x, y) points sorted by x, with both axes starting at zero.
+
+    ``whole_y``: y counts things (pages), so every tick is a whole number.
+    """
     if len(points) < 2:
         return _empty(title, x_label, y_label, empty_message)
     ordered = sorted(points)
@@ -182,6 +190,8 @@ def line_chart(
         ordered = [*ordered[::step], ordered[-1]]
     x_max = nice_ceiling(max(x for x, _ in ordered))
     y_max = nice_ceiling(max(y for _, y in ordered))
+    if whole_y:
+        y_max = _whole_ticks(y_max)
     grid, y_scale = _y_axis(y_max)
     plot_bottom = HEIGHT - _BOTTOM
     x_scale = (WIDTH - _RIGHT - _LEFT) / x_max

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -55,6 +55,7 @@ STATUS_LABELS = {
 # ``max_tokens`` stays visible while ``api_key`` and ``access_token`` do not.
 _SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "credentials", "authorization"}
 _EPOCH = datetime.min.replace(tzinfo=UTC)
+OUTPUT_KINDS = ("markdown", "dolma")
 
 
 def parse_time(stamp: Any) -> datetime | None:
@@ -129,15 +130,18 @@ class RunSummary:
     fallback_rate: float | None
     estimated_cost: float | None
     model: str
+    trigger: str = ""
     sort_key: tuple[datetime, str] = field(repr=False, default=(_EPOCH, ""))
+    # Every document of the run, for the search across runs (not part of the JSON summary).
+    documents: list[DocumentRow] = field(repr=False, default_factory=list)
 
     @property
     def status_label(self) -> str:
         return STATUS_LABELS.get(self.status, self.status)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("sort_key")
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("sort_key", "documents")}
+        data["counts"] = dict(self.counts)
         data["status_label"] = self.status_label
         return data
 
@@ -158,6 +162,8 @@ def summarize(key: str, data: dict[str, Any]) -> RunSummary:
         fallback_rate=_float(metrics.get("fallback_rate")),
         estimated_cost=_float(cost.get("estimated_cost")),
         model=_text(data.get("model")),
+        trigger=trigger_of(data).label,
+        documents=document_rows(data),
         # Runs without a readable finish time sort after all others.
         sort_key=(parse_time(finished) or _EPOCH, key),
     )
@@ -212,6 +218,101 @@ class ProblemRow:
     log_href: str | None
 
 
+@dataclass(frozen=True)
+class DocumentRow:
+    """One document of a run, as the run page and the search list it."""
+
+    index: int  # position in the manifest's ``documents``: how output links find it again
+    source: str
+    status: str
+    pages: int
+    fallback_pages: int
+    input_tokens: int
+    output_tokens: int
+    error_class: str
+    error: str
+    skip_reason: str
+    outputs: tuple[str, ...]  # which outputs it has ("markdown", "dolma")
+    task: dict[str, Any] | None
+
+    @property
+    def name(self) -> str:
+        return self.source.rstrip("/").rsplit("/", 1)[-1]
+
+    def log_href(self, airflow_base: str = "") -> str | None:
+        return task_log_href(self.task, airflow_base)
+
+
+def document_rows(data: dict[str, Any]) -> list[DocumentRow]:
+    rows = []
+    for index, doc in enumerate(_entries(data, "documents")):
+        outputs = doc.get("outputs") if isinstance(doc.get("outputs"), dict) else {}
+        rows.append(
+            DocumentRow(
+                index=index,
+                source=_text(doc.get("source")),
+                status=_text(doc.get("status")),
+                pages=_int(doc.get("pages")),
+                fallback_pages=_int(doc.get("fallback_pages")),
+                input_tokens=_int(doc.get("input_tokens")),
+                output_tokens=_int(doc.get("output_tokens")),
+                error_class=_text(doc.get("error_class")),
+                error=_text(doc.get("error")),
+                skip_reason=_text(doc.get("skip_reason")),
+                outputs=tuple(kind for kind in OUTPUT_KINDS if isinstance(outputs.get(kind), str)),
+                task=doc.get("task") if isinstance(doc.get("task"), dict) else None,
+            )
+        )
+    return rows
+
+
+def output_of(data: dict[str, Any], index: int, kind: str) -> str | None:
+    """The URI the manifest gives for one document's output, or None."""
+    documents = _entries(data, "documents")
+    if kind not in OUTPUT_KINDS or not 0 <= index < len(documents):
+        return None
+    outputs = documents[index].get("outputs")
+    uri = outputs.get(kind) if isinstance(outputs, dict) else None
+    return uri if isinstance(uri, str) and uri else None
+
+
+TRIGGER_LABELS = {
+    "scheduled": "scheduled",
+    "backfill": "backfill",
+    "manual": "manual (UI or REST API)",
+    "asset_triggered": "event",
+    "asset_materialization": "asset materialisation",
+    "operator_triggered": "triggered by another DAG",
+}
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """How the run was started and which data interval it covered (from the manifest's ``airflow_run``)."""
+
+    label: str
+    dag_id: str
+    run_id: str
+    interval_start: str
+    interval_end: str
+    user: str
+
+
+def trigger_of(data: dict[str, Any]) -> Trigger:
+    run = data.get("airflow_run")
+    if not isinstance(run, dict):
+        return Trigger("command line", "", "", "", "", "")
+    run_type = _text(run.get("run_type"))
+    return Trigger(
+        label=TRIGGER_LABELS.get(run_type, run_type or "unknown"),
+        dag_id=_text(run.get("dag_id")),
+        run_id=_text(run.get("run_id")),
+        interval_start=_text(run.get("data_interval_start")),
+        interval_end=_text(run.get("data_interval_end")),
+        user=_text(run.get("triggering_user_name")),
+    )
+
+
 @dataclass
 class RunDetail:
     summary: RunSummary
@@ -233,6 +334,8 @@ class RunDetail:
     attempt_histogram: list[tuple[str, int]]
     # The publish task's verdict: why the run counts as failed (empty within budget or for CLI runs).
     budget_problems: list[str] = field(default_factory=list)
+    documents: list[DocumentRow] = field(default_factory=list)
+    trigger: Trigger | None = None
 
 
 def _entries(data: dict[str, Any], field_name: str) -> list[dict[str, Any]]:
@@ -343,4 +446,6 @@ def build_detail(key: str, data: dict[str, Any], airflow_base: str = "") -> RunD
         failures_by_class=sorted(failure_classes.items(), key=lambda item: (-item[1], item[0])),
         attempt_histogram=attempts,
         budget_problems=[_text(problem) for problem in budget_problems] if budget.get("exceeded") is True else [],
+        documents=document_rows(data),
+        trigger=trigger_of(data),
     )

@@ -60,7 +60,7 @@ class ManifestStore:
     def __init__(self, output_uri: str, storage: Storage | None = None) -> None:
         self.output_uri = output_uri
         # Without options Storage reads AWS_* and the usual credential chain, as the engine does.
-        self._storage = storage or Storage()
+        self.storage = storage or Storage()
         self._dir = join_uri(output_uri, MANIFESTS_DIR)
         self._lock = threading.Lock()
         self._summaries: dict[str, tuple[str, RunSummary | str]] = {}
@@ -73,7 +73,7 @@ class ManifestStore:
         """The manifest files now present; an absent folder means no run has finished yet."""
         prefix = self.display_dir
         files = []
-        for info in self._storage.list_objects(self._dir):
+        for info in self.storage.list_objects(self._dir):
             name = info.uri[len(prefix) :] if info.uri.startswith(prefix) else ""
             # Only files directly in the folder; temp files of an in-flight write are never listed.
             if not name or "/" in name or not name.endswith(".json") or name.startswith("."):
@@ -84,7 +84,7 @@ class ManifestStore:
 
     def read(self, manifest: ManifestFile) -> dict[str, Any]:
         try:
-            data = json.loads(self._storage.read_bytes(manifest.uri))
+            data = json.loads(self.storage.read_bytes(manifest.uri))
         except (StorageError, UnreadableSourceError, ValueError) as exc:
             raise ManifestReadError(f"{type(exc).__name__}: {exc}") from exc
         if not isinstance(data, dict):
