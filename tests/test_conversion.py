@@ -257,31 +257,6 @@ def test_failed_documents_are_retried_by_later_runs_then_dead_lettered(tmp_path:
     assert dead.error_class == "dead_letter" and "corrupt" in (dead.error or "") and dead.failed_attempts == 2
 
 
-def test_a_batch_that_dies_part_way_still_reports_what_it_converted(tmp_path: Path, standin: StandinServer) -> None:
-    from olmocr_tasks.pipeline import build_manifest, convert_batch, plan_run
-
-    for doc_id in (1, 2):
-        pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(1, doc_id=doc_id))
-    pdfgen.write_pdf(tmp_path / "in" / "d3.pdf", pdfgen.text_pdf(4, doc_id=3))
-    # The last document's pages fail with 503 until the outage window closes: the batch aborts.
-    standin.configure(always={f"3:{page}": "503" for page in range(1, 5)})
-    request = RunRequest(
-        input_uri=str(tmp_path / "in"), output_uri=str(tmp_path / "out"), run_id="partial",
-        settings=fast_settings(standin.url, max_open_documents=1),
-    )  # fmt: skip
-    storage = Storage()
-    plan = plan_run(request, storage)
-    with pytest.raises(ServerUnavailable):
-        convert_batch(request, storage, "b0", sorted(plan.sources, key=lambda source: source.uri))
-    manifest = build_manifest(request, plan, request.run_folder(storage).collect())
-    statuses = {Path(doc.source).name: (doc.status, doc.error_class) for doc in manifest.documents}
-    assert statuses == {
-        "d1.pdf": ("converted", None),
-        "d2.pdf": ("converted", None),
-        "d3.pdf": ("failed", "not_converted"),
-    }
-
-
 def _totals_held_by_outputs(manifest: Manifest) -> dict[str, int]:
     """Pages and tokens summed from the Dolma records the manifest's converted documents name."""
     totals = {"pages": 0, "input_tokens": 0, "output_tokens": 0}
@@ -294,12 +269,15 @@ def _totals_held_by_outputs(manifest: Manifest) -> dict[str, int]:
     return totals
 
 
-def test_a_retried_batch_reports_what_every_attempt_converted(tmp_path: Path, standin: StandinServer) -> None:
+def test_a_batch_that_dies_part_way_reports_what_it_converted_and_its_retry_reports_everything(
+    tmp_path: Path, standin: StandinServer
+) -> None:
     from olmocr_tasks.pipeline import build_manifest, convert_batch, plan_run
 
     for doc_id in (1, 2):
         pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(2, doc_id=doc_id))
     pdfgen.write_pdf(tmp_path / "in" / "d3.pdf", pdfgen.text_pdf(4, doc_id=3))
+    # The last document's pages fail with 503 until the outage window closes: the batch aborts.
     standin.configure(always={f"3:{page}": "503" for page in range(1, 5)})
     request = RunRequest(
         input_uri=str(tmp_path / "in"), output_uri=str(tmp_path / "out"), run_id="retried",
@@ -312,6 +290,12 @@ def test_a_retried_batch_reports_what_every_attempt_converted(tmp_path: Path, st
     sources = sorted(plan.sources, key=lambda source: source.uri)
     with pytest.raises(ServerUnavailable):
         convert_batch(request, storage, "b0", sources, try_number=1)
+    partial = build_manifest(request, plan, folder.collect())
+    assert {Path(doc.source).name: (doc.status, doc.error_class) for doc in partial.documents} == {
+        "d1.pdf": ("converted", None),
+        "d2.pdf": ("converted", None),
+        "d3.pdf": ("failed", "not_converted"),
+    }
 
     standin.configure(always={f"3:{page}": None for page in range(1, 5)})
     summary = convert_batch(request, storage, "b0", sources, try_number=2)  # Airflow's retry

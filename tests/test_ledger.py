@@ -233,3 +233,17 @@ def test_ledger_round_trip_on_s3(s3_bucket: str, s3_storage_options: dict[str, A
     assert ledger.mark_failed(b, "encrypted", "password", "run-1") == 1
     assert ledger.mark_failed(b, "encrypted", "password", "run-2") == 2
     assert ledger.snapshot().status(b) == ("failed", 2)
+
+
+def test_failed_sources_are_the_versions_whose_last_outcome_was_a_failure(tmp_path: Path) -> None:
+    ledger = Ledger(str(tmp_path / "out"), Storage(), CONV)
+    once, twice, fixed = _info("s3://b/in/once.pdf"), _info("s3://b/in/twice.pdf"), _info("s3://b/in/fixed.pdf")
+    ledger.mark_failed(once, "corrupt", "truncated", "run-1")
+    for run_id in ("run-1", "run-2"):
+        ledger.mark_failed(twice, "not_converted", "its batch did not finish", run_id)
+    ledger.mark_failed(fixed, "corrupt", "truncated", "run-1")
+    _convert(ledger, fixed, b"%PDF fixed", str(tmp_path / "out"), "run-2")
+    snapshot = ledger.snapshot()
+    # Recorded as listed when they failed (a re-drive compares them with the object as it is now).
+    assert sorted(ledger.failed_sources(snapshot), key=lambda info: info.uri) == [once, twice]
+    assert ledger.failed_sources(snapshot, lambda runs: runs >= 2) == [twice]
