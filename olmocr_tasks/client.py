@@ -53,7 +53,7 @@ from olmocr_tasks.errors import (
     ServerNotReady,
     ServerUnavailable,
 )
-from olmocr_tasks.hedging import HedgePolicy, HedgeSettings
+from olmocr_tasks.hedging import HedgePolicy
 from olmocr_tasks.outage import OutageBreaker
 from olmocr_tasks.readiness import ModelsProbe, wait_ready
 from olmocr_tasks.redaction import redact_text, redact_url
@@ -217,15 +217,7 @@ class InferenceClient:
         self._opened: asyncio.Future[None] | None = None
         self._outage_timer: asyncio.TimerHandle | None = None
         self._probe: asyncio.Task[None] | None = None
-        self._hedging = HedgePolicy(
-            HedgeSettings(
-                enabled=settings.hedge_requests,
-                percentile=settings.hedge_percentile,
-                multiple=settings.hedge_multiple,
-                min_delay_s=settings.hedge_min_delay_s,
-                max_hedges=settings.max_hedges_per_request,
-            )
-        )
+        self._hedging = HedgePolicy(settings)
         self._hedges_in_flight = 0
         self._hedged = 0
         self._poller: asyncio.Task[None] | None = None
@@ -412,7 +404,7 @@ class InferenceClient:
         failure: BaseException | None = None
         try:
             while True:
-                may_hedge = self._hedging.settings.enabled and hedges < self._hedging.settings.max_hedges
+                may_hedge = self._hedging.enabled and hedges < self._hedging.max_hedges
                 delay = self._hedging.delay() if may_hedge else None
                 if delay is None:
                     # Without a latency history yet, look again later: a request that hangs among

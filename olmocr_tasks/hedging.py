@@ -14,23 +14,14 @@ from __future__ import annotations
 
 import collections
 import math
-from dataclasses import dataclass
+
+from olmocr_tasks.config import ServerSettings
 
 # Recent answers the percentile is taken over: long enough to be stable, short enough to follow a
 # server whose speed changes (another run starting, a replica joining).
 LATENCY_WINDOW = 512
-
-
-@dataclass(frozen=True)
-class HedgeSettings:
-    enabled: bool = True
-    percentile: float = 0.95
-    multiple: float = 3.0
-    min_delay_s: float = 120.0
-    # Answered requests needed before any hedge: a percentile of three samples says nothing.
-    min_samples: int = 20
-    # Second (and further) requests per page request at most.
-    max_hedges: int = 2
+# Answered requests needed before any hedge: a percentile of three samples says nothing.
+MIN_SAMPLES = 20
 
 
 class LatencyTracker:
@@ -56,10 +47,14 @@ class LatencyTracker:
 
 
 class HedgePolicy:
-    """When a request outstanding this long deserves a second one."""
+    """When a request outstanding this long deserves a second one (``ServerSettings.hedge_*``)."""
 
-    def __init__(self, settings: HedgeSettings, tracker: LatencyTracker | None = None) -> None:
-        self.settings = settings
+    def __init__(self, settings: ServerSettings, tracker: LatencyTracker | None = None) -> None:
+        self.enabled = settings.hedge_requests and settings.max_hedges_per_request > 0
+        self.max_hedges = settings.max_hedges_per_request
+        self._percentile = settings.hedge_percentile
+        self._multiple = settings.hedge_multiple
+        self._min_delay_s = settings.hedge_min_delay_s
         self.tracker = tracker or LatencyTracker()
 
     def record(self, seconds: float) -> None:
@@ -68,10 +63,9 @@ class HedgePolicy:
     def delay(self) -> float | None:
         """Seconds after which an outstanding request is hedged, or None while hedging is off or the
         latency distribution is not known yet."""
-        settings = self.settings
-        if not settings.enabled or settings.max_hedges < 1 or len(self.tracker) < settings.min_samples:
+        if not self.enabled or len(self.tracker) < MIN_SAMPLES:
             return None
-        high = self.tracker.percentile(settings.percentile)
+        high = self.tracker.percentile(self._percentile)
         if high is None:
             return None
-        return max(settings.min_delay_s, settings.multiple * high)
+        return max(self._min_delay_s, self._multiple * high)
