@@ -205,6 +205,38 @@ def _dead_letters(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_clean_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "clean",
+        help="remove finished run folders and obsolete state from an output location",
+        description="Remove _runs/<run>/ folders of published runs untouched for --older-than-days, and state "
+        "that no longer serves a pending document (failure markers of converted versions, saved pages of "
+        "converted documents). Never touches outputs, manifests, or anything a running or unpublished run needs.",
+    )
+    parser.add_argument("output", help="a local folder or s3://bucket/prefix")
+    parser.add_argument("--older-than-days", type=float, required=True, metavar="N", help="keep anything newer")
+    parser.add_argument("--dry-run", action="store_true", help="report what would be removed, remove nothing")
+    parser.set_defaults(func=_clean)
+
+
+def _clean(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from olmocr_tasks.retention import clean_output
+    from olmocr_tasks.storage import Storage
+
+    if args.older_than_days < 0:
+        raise ConfigurationError("--older-than-days must not be negative")
+    output_uri = args.output if "://" in args.output else os.path.abspath(args.output)
+    report = clean_output(output_uri, Storage(), older_than=timedelta(days=args.older_than_days), dry_run=args.dry_run)
+    for folder in report.removed_runs:
+        print(f"{'would remove' if args.dry_run else 'removed'}\t{folder}")
+    for folder, reason in report.kept_runs.items():
+        print(f"kept\t{folder}\t{reason}")
+    print(report.summary())
+    return EXIT_OK
+
+
 def _print_summary(manifest: Manifest, uri: str) -> None:
     counts = manifest.counts()
     metrics = manifest.metrics()
@@ -389,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_convert_parser(subparsers)
     _add_dead_letters_parser(subparsers)
+    _add_clean_parser(subparsers)
     _add_serve_cpu_parser(subparsers)
     _add_serve_vllm_parser(subparsers)
     return parser

@@ -1,0 +1,138 @@
+"""Retention: remove what an output location keeps only while runs and documents are in flight.
+
+Two kinds of object stop serving anything:
+
+* **Run folders** ``_runs/<run>/`` (plans, batches, attempts; see ``olmocr_tasks.runs``) once the
+  run's manifest is published: the manifest carries everything a reader needs. A folder is removed
+  only when its manifest exists, nothing in the folder changed for ``older_than``, and nothing in it
+  is newer than the manifest. A run still working, never published, or cleared and running again
+  after its first manifest (it writes a new plan after that manifest) is kept.
+* **State that no longer serves a pending document**, under ``_state/<conversion key>/``: the
+  failure markers of a source version that has since been converted (``.done`` wins over failures,
+  so they count nothing any more), and saved pages (``olmocr_tasks.page_store``) of content that has
+  been converted (a crash between committing the outputs and discarding the pages leaves them). Only
+  objects untouched for ``older_than`` go, so a run that is converting right now loses nothing.
+
+Never removed: manifests, outputs, ``.done`` markers and content records (the idempotency state),
+failure markers of versions not converted (they count towards dead letters), pages of content not
+converted (a later run resumes from them), and the output owner records.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from olmocr_tasks.ledger import CONTENT_DIR, SOURCES_DIR, STATE_DIR
+from olmocr_tasks.manifest import MANIFESTS_DIR
+from olmocr_tasks.page_store import PAGES_DIR
+from olmocr_tasks.runs import RUNS_DIR
+from olmocr_tasks.storage import ObjectInfo, Storage
+from olmocr_tasks.uri import join_uri
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RetentionReport:
+    """What a clean-up removed (or, with ``dry_run``, would remove) and what it kept, and why."""
+
+    removed_runs: list[str] = field(default_factory=list)
+    kept_runs: dict[str, str] = field(default_factory=dict)
+    failure_markers: int = 0
+    page_records: int = 0
+    objects: int = 0
+    dry_run: bool = False
+
+    def summary(self) -> str:
+        verb = "would remove" if self.dry_run else "removed"
+        return (
+            f"{verb} {len(self.removed_runs)} run folders, {self.failure_markers} failure markers of converted "
+            f"versions and {self.page_records} saved pages of converted documents ({self.objects} objects); "
+            f"kept {len(self.kept_runs)} run folders"
+        )
+
+
+def clean_output(
+    output_uri: str,
+    storage: Storage,
+    *,
+    older_than: timedelta,
+    now: datetime | None = None,
+    dry_run: bool = False,
+) -> RetentionReport:
+    """Remove finished run folders and obsolete state under ``output_uri`` (see the module docstring)."""
+    if older_than < timedelta(0):
+        raise ValueError("older_than must not be negative")
+    cutoff = (now or datetime.now(UTC)) - older_than
+    report = RetentionReport(dry_run=dry_run)
+    doomed: list[ObjectInfo] = []
+    doomed += _finished_run_folders(output_uri, storage, cutoff, report)
+    doomed += _obsolete_state(output_uri, storage, cutoff, report)
+    report.objects = len(doomed)
+    if not dry_run:
+        for info in doomed:
+            storage.delete(info.uri)
+    log.info("%s: %s", output_uri, report.summary())
+    return report
+
+
+def _children(prefix_uri: str, storage: Storage) -> Iterable[tuple[list[str], ObjectInfo]]:
+    """Every object below ``prefix_uri`` with its key split into path components below the prefix."""
+    base = prefix_uri.rstrip("/") + "/"
+    for info in storage.list_objects(prefix_uri):
+        if info.uri.startswith(base):
+            yield info.uri[len(base) :].split("/"), info
+
+
+def _finished_run_folders(
+    output_uri: str, storage: Storage, cutoff: datetime, report: RetentionReport
+) -> list[ObjectInfo]:
+    runs_uri = join_uri(output_uri, RUNS_DIR)
+    folders: dict[str, list[ObjectInfo]] = defaultdict(list)
+    for parts, info in _children(runs_uri, storage):
+        if len(parts) > 1:
+            folders[parts[0]].append(info)
+    doomed: list[ObjectInfo] = []
+    for name, objects in sorted(folders.items()):
+        folder_uri = join_uri(runs_uri, name)
+        newest = max(info.last_modified for info in objects)
+        # The folder is named like the manifest (both use safe_run_id of the run id).
+        manifest = storage.stat(join_uri(output_uri, MANIFESTS_DIR, f"{name}.json"))
+        if manifest is None:
+            report.kept_runs[folder_uri] = "no published manifest (running, failed before publishing, or abandoned)"
+        elif newest > manifest.last_modified:
+            report.kept_runs[folder_uri] = "written after its manifest was published (the run is running again)"
+        elif newest >= cutoff:
+            report.kept_runs[folder_uri] = "changed within the retention period"
+        else:
+            report.removed_runs.append(folder_uri)
+            doomed += objects
+    return doomed
+
+
+def _obsolete_state(output_uri: str, storage: Storage, cutoff: datetime, report: RetentionReport) -> list[ObjectInfo]:
+    done: set[tuple[str, str, str]] = set()
+    converted: set[tuple[str, str]] = set()
+    failures: list[tuple[tuple[str, str, str], ObjectInfo]] = []
+    pages: list[tuple[tuple[str, str], ObjectInfo]] = []
+    for parts, info in _children(join_uri(output_uri, STATE_DIR), storage):
+        if len(parts) == 4 and parts[1] == SOURCES_DIR:
+            conv, _, source, name = parts
+            version, _, status = name.partition(".")
+            if status == "done":
+                done.add((conv, source, version))
+            elif status.startswith("failed."):
+                failures.append(((conv, source, version), info))
+        elif len(parts) == 3 and parts[1] == CONTENT_DIR and parts[2].endswith(".json"):
+            converted.add((parts[0], parts[2].removesuffix(".json")))
+        elif len(parts) == 4 and parts[1] == PAGES_DIR:
+            pages.append(((parts[0], parts[2]), info))
+    doomed = [info for version, info in failures if version in done and info.last_modified < cutoff]
+    report.failure_markers = len(doomed)
+    stale_pages = [info for content, info in pages if content in converted and info.last_modified < cutoff]
+    report.page_records = len(stale_pages)
+    return doomed + stale_pages
