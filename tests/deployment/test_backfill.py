@@ -3,18 +3,26 @@
 The PDFs are placed in three past one-minute intervals (their LastModified set as if uploaded then),
 plus one just before and one just after the range. Each backfill run must convert only its own
 interval's PDFs; a second backfill over the same range (``reprocess_behavior`` "completed", so Airflow
-really runs every date again) converts nothing and leaves the outputs untouched; a third with the
+really runs every date again) converts nothing and leaves the outputs untouched; one more with the
 ``reprocess`` Param converts them all again, as the README says.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from tests.deployment.corpus import Bucket, assert_outputs_name_their_pages, converted, documents, split_s3, statuses
+from tests.deployment.corpus import (
+    Bucket,
+    assert_outputs_name_their_pages,
+    converted,
+    documents,
+    split_s3,
+    statuses,
+)
 from tests.deployment.harness import Deployment, wait_until
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]
@@ -24,7 +32,7 @@ MINUTE = timedelta(minutes=1)
 SECOND = timedelta(seconds=1)
 
 
-def _backfill(deployment: Deployment, start: datetime, end: datetime, **body: Any) -> list[dict[str, Any]]:
+def run_backfill(deployment: Deployment, start: datetime, end: datetime, **body: Any) -> list[dict[str, Any]]:
     """Create a backfill over the logical dates [start, end], wait until it completes; its runs by logical date."""
     payload = {"dag_id": DAG, "from_date": start.isoformat(), "to_date": end.isoformat(), **body}
     backfill = deployment.api.ok("POST", "/api/v2/backfills", json=payload)
@@ -39,13 +47,27 @@ def _backfill(deployment: Deployment, start: datetime, end: datetime, **body: An
     return sorted(runs, key=lambda run: run["logical_date"])
 
 
-def test_backfill_runs_convert_only_their_own_intervals(
-    deployment: Deployment, bucket: Bucket, ingest_unpaused: None
-) -> None:
-    # Three intervals an hour before this session: no scheduled run can have touched them.
+@dataclass
+class Backfilled:
+    start: datetime
+    last: datetime
+    conf: dict[str, str]
+    output_uri: str
+    expected: list[dict[str, int]]  # per interval: source URI -> doc id
+    doc_ids: dict[str, int]
+    outside: list[str]
+    runs: list[dict[str, Any]]  # the first backfill's
+    manifests: list[dict[str, Any]]  # what the first backfill's runs published
+    stamps: dict[str, datetime]  # LastModified of their markdown after the first backfill
+    again: list[dict[str, Any]]  # the second backfill's runs (reprocess_behavior "completed")
+
+
+@pytest.fixture(scope="module")
+def backfilled(deployment: Deployment, bucket: Bucket, ingest_unpaused: None) -> Backfilled:
+    """Three intervals three hours before this session (no scheduled run touched them), backfilled twice."""
     start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=3)
     prefix = f"backfill-{start:%H%M}/"
-    input_uri, output_uri = bucket.uri(prefix + "input/"), bucket.uri(prefix + "output/")
+    output_uri = bucket.uri(prefix + "output/")
     expected: list[dict[str, int]] = [{}, {}, {}]
     doc_ids: dict[str, int] = {}
     for interval, offsets in enumerate(([30], [10, 50], [59])):
@@ -59,43 +81,66 @@ def test_backfill_runs_convert_only_their_own_intervals(
         bucket.put_pdf(f"{prefix}input/before.pdf", doc_id=140, last_modified=start - 20 * SECOND),
         bucket.put_pdf(f"{prefix}input/after.pdf", doc_id=141, last_modified=start + 3 * MINUTE + 20 * SECOND),
     ]
-    conf = {"input_uri": input_uri, "output_uri": output_uri}
+    conf = {"input_uri": bucket.uri(prefix + "input/"), "output_uri": output_uri}
     last = start + 2 * MINUTE
+    runs = run_backfill(deployment, start, last, dag_run_conf=conf)
+    manifests = [bucket.manifest(output_uri, DAG, run["dag_run_id"]) for run in runs]
+    stamps = _markdown_stamps(bucket, [manifest for manifest in manifests if manifest is not None])
+    again = run_backfill(deployment, start, last, dag_run_conf=conf, reprocess_behavior="completed")
+    return Backfilled(start, last, conf, output_uri, expected, doc_ids, outside, runs, manifests, stamps, again)
 
-    runs = _backfill(deployment, start, last, dag_run_conf=conf)
 
-    assert [datetime.fromisoformat(run["logical_date"]) for run in runs] == [start + i * MINUTE for i in range(3)]
-    manifests = []
-    for run, wanted in zip(runs, expected, strict=True):
+def _markdown_stamps(bucket: Bucket, manifests: list[dict[str, Any]]) -> dict[str, datetime]:
+    outputs = {doc["outputs"]["markdown"] for manifest in manifests for doc in manifest["documents"]}
+    return {uri: bucket.last_modified(split_s3(uri)[1]) for uri in outputs}
+
+
+def test_backfill_runs_convert_only_their_own_intervals_and_a_second_backfill_nothing(
+    deployment: Deployment, bucket: Bucket, backfilled: Backfilled
+) -> None:
+    runs = backfilled.runs
+    assert [datetime.fromisoformat(run["logical_date"]) for run in runs] == [
+        backfilled.start + i * MINUTE for i in range(3)
+    ]
+    for run, manifest, wanted in zip(runs, backfilled.manifests, backfilled.expected, strict=True):
         assert run["state"] == "success", run
-        manifest = bucket.manifest(output_uri, DAG, run["dag_run_id"])
         assert manifest is not None, f"{run['dag_run_id']} published no manifest"
         assert converted(manifest) == set(wanted), (run["dag_run_id"], run["data_interval_start"], statuses(manifest))
         assert set(documents(manifest)) == set(wanted)
-        assert_outputs_name_their_pages(bucket, manifest, doc_ids)
-        manifests.append(manifest)
-    assert not any(uri in documents(manifest) for manifest in manifests for uri in outside)
-    outputs = {doc["outputs"]["markdown"] for manifest in manifests for doc in manifest["documents"]}
-    written = {uri: bucket.s3.head_object(Bucket=split_s3(uri)[0], Key=split_s3(uri)[1])["ETag"] for uri in outputs}
-    stamps = {uri: bucket.last_modified(split_s3(uri)[1]) for uri in outputs}
+        assert_outputs_name_their_pages(bucket, manifest, backfilled.doc_ids)
+    assert not any(uri in documents(manifest) for manifest in backfilled.manifests for uri in backfilled.outside)
 
-    again = _backfill(deployment, start, last, dag_run_conf=conf, reprocess_behavior="completed")
-
+    again = backfilled.again
     assert len(again) == 3
-    for run, wanted in zip(again, expected, strict=True):
+    for run, wanted in zip(again, backfilled.expected, strict=True):
         assert run["state"] == "success", run
-        manifest = bucket.manifest(output_uri, DAG, run["dag_run_id"])
+        manifest = bucket.manifest(backfilled.output_uri, DAG, run["dag_run_id"])
         assert manifest is not None
         assert converted(manifest) == set(), (run["dag_run_id"], statuses(manifest))
         assert manifest["counts"]["already_converted"] + manifest["counts"]["skipped"] == len(wanted)
-    assert {uri: bucket.last_modified(split_s3(uri)[1]) for uri in outputs} == stamps
+    assert _markdown_stamps(bucket, backfilled.manifests) == backfilled.stamps, "a second backfill rewrote outputs"
 
-    forced = _backfill(
-        deployment, start, last, dag_run_conf={**conf, "reprocess": True}, reprocess_behavior="completed"
+
+def test_backfill_with_the_reprocess_param_converts_every_interval_again(
+    deployment: Deployment, bucket: Bucket, backfilled: Backfilled
+) -> None:
+    """The README: ``reprocess=true`` forces a reconversion; here on dates that already have runs.
+
+    The runs are cleared and run again (``reprocess_behavior`` "completed"), after a previous pass in
+    which they had nothing to convert (``convert`` mapped to no instance): each must convert its
+    interval's PDFs again and say so in its manifest.
+    """
+    forced = run_backfill(
+        deployment,
+        backfilled.start,
+        backfilled.last,
+        dag_run_conf={**backfilled.conf, "reprocess": True},
+        reprocess_behavior="completed",
     )
 
-    for run, wanted in zip(forced, expected, strict=True):
-        manifest = bucket.manifest(output_uri, DAG, run["dag_run_id"])
+    assert len(forced) == 3
+    for run, wanted in zip(forced, backfilled.expected, strict=True):
+        manifest = bucket.manifest(backfilled.output_uri, DAG, run["dag_run_id"])
         assert manifest is not None
         assert converted(manifest) == set(wanted), (run["dag_run_id"], run["conf"], statuses(manifest))
-    assert set(written) == outputs
+        assert run["state"] == "success", run
