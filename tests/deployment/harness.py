@@ -686,6 +686,9 @@ def deployment(moto_url: str, *, pool_slots: int = 3, workers: int = 2) -> Itera
         # Every minute, so a test sees the scheduler's own run of a real interval within minutes.
         "OLMOCR_SCHEDULE": "* * * * *",
         "OLMOCR_MAX_ACTIVE_RUNS": "4",
+        # Scheduled and backfill runs look exactly at their own interval here, so the tests can tell
+        # which run converted what; the lookback overlap has its own tests.
+        "OLMOCR_LOOKBACK_INTERVALS": "0",
         # Runs triggered with their own prefixes (every test but the scheduled one) stay in the bucket.
         "OLMOCR_ALLOWED_INPUTS": f"s3://{bucket}/",
         "OLMOCR_ALLOWED_OUTPUTS": f"s3://{bucket}/",
