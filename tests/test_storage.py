@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import subprocess
@@ -412,6 +413,20 @@ def test_create_exclusive_has_exactly_one_winner(
     assert storage.read_bytes(uri) == f"writer {won.index(True)}".encode()
     assert storage.create_exclusive(uri, b"late") is False and storage.read_bytes(uri) != b"late"
     assert [info.uri for info in storage.list_objects(base)] == [uri]
+
+
+def test_create_exclusive_without_hard_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a filesystem that refuses hard links the create is still exclusive."""
+
+    def refuse(*_: object) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", refuse)
+    storage = Storage()
+    uri = str(tmp_path / "owner.json")
+    assert storage.create_exclusive(uri, b"first") is True
+    assert storage.create_exclusive(uri, b"second") is False
+    assert storage.read_bytes(uri) == b"first" and [p.name for p in tmp_path.iterdir()] == ["owner.json"]
 
 
 def test_object_info_is_hashable_and_comparable() -> None:

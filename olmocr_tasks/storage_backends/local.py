@@ -7,6 +7,7 @@ half a file and a crash leaves at most a temp file that listings skip.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 from collections.abc import Callable, Iterator
@@ -16,6 +17,8 @@ from olmocr_tasks.storage_backends import TEMP_SUFFIX, ObjectInfo
 from olmocr_tasks.uri import local_path
 
 _COPY_CHUNK = 1024 * 1024
+# errno values of a filesystem that cannot make hard links.
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS})
 # Objects per listing page: bounds memory, not a filesystem limit.
 _PAGE_SIZE = 1000
 
@@ -56,6 +59,17 @@ class LocalBackend:
             os.link(temp, path)
         except FileExistsError:
             return False
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS:
+                raise
+            # Filesystems without hard links (some network mounts): exclusive create, then fill.
+            try:
+                with open(path, "xb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            except FileExistsError:
+                return False
         finally:
             with contextlib.suppress(OSError):
                 os.remove(temp)
