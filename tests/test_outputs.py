@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from olmocr_tasks.manifest import safe_run_id
 from olmocr_tasks.outputs import (
     OLMOCR_COMPAT_VERSION,
     claim_stem,
@@ -26,6 +27,7 @@ from olmocr_tasks.outputs import (
 from olmocr_tasks.pipeline import RunRequest, run_conversion
 from olmocr_tasks.results import DocumentResult, PageResult
 from olmocr_tasks.storage import Storage
+from tests.airflow_env import AirflowEnv
 from tests.pdfgen import text_pdf
 from tests.reliability_checks import quick_settings, run_cli
 from tests.standin.server import StandinServer
@@ -392,3 +394,28 @@ def test_concurrent_claims_of_one_stem_have_exactly_one_winner(tmp_path: Path) -
     with ThreadPoolExecutor(max_workers=8) as pool:
         stems = list(pool.map(lambda source: claim_stem(storage, out, "x", source), sources))
     assert stems.count("x") == 1 and len(set(stems)) == len(sources)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_input_folders_into_one_output_through_airflow(airflow_env: AirflowEnv, tmp_path: Path) -> None:
+    """The same file name in two input folders, each converted by an olmocr_ingest run into one output."""
+    first, second, out = tmp_path / "demo", tmp_path / "elsewhere", tmp_path / "out"
+    for folder, doc_id in ((first, 241), (second, 242)):
+        folder.mkdir()
+        (folder / "annual-report.pdf").write_bytes(text_pdf(1, doc_id))
+    storage = Storage()
+    markdown = {}
+    for folder in (first, second):
+        result = airflow_env.dag_test("olmocr_ingest", conf={"input_uri": str(folder), "output_uri": str(out)})
+        assert result.succeeded, result.tail()
+        manifest = json.loads(
+            (out / "manifests" / f"{safe_run_id(f'olmocr_ingest__{result.run_id}')}.json").read_text()
+        )
+        [doc] = manifest["documents"]
+        assert doc["status"] == "converted"
+        markdown[folder] = doc["outputs"]["markdown"]
+    assert markdown[first] == str(out / "markdown" / "annual-report.md")
+    assert re.fullmatch(re.escape(str(out / "markdown" / "annual-report~")) + "[0-9a-f]{10}\\.md", markdown[second])
+    assert "document 241 page 1" in _text_of(markdown[first], storage)
+    assert "document 242 page 1" in _text_of(markdown[second], storage)
