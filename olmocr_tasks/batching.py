@@ -1,17 +1,20 @@
 """How a run's documents are split into mapped convert instances: by pages, the pool and the map limit.
 
-The rule (``BatchingRule``), with ``P`` the run's estimated pages:
+The rule (``BatchingRule``), with ``P`` the run's estimated pages and ``S`` the convert instances that
+can run at once (``parallel``: the ``olmocr_vllm`` pool's slots, at most workers times their
+concurrency):
 
-* the **target** of an instance is ``min_pages`` pages (default: a convert task's request window,
-  ``max_concurrent_requests``): an instance with fewer pages cannot keep its share of the server
-  busy, and each instance pays Airflow's start-up;
-* but never more than ``P // parallel``, so a small run still spreads over every convert slot
-  that can run at once (``parallel``: the ``olmocr_vllm`` pool's slots, bounded by workers times their
-  concurrency), and both workers render;
-* and never less than ``ceil(P / max_batches)``, doubled until the run fits Airflow's
-  ``max_map_length``;
-* a document of at least the target gets its own instance; smaller ones are packed in discovery
-  order until their pack reaches the target (or ``max_documents`` documents).
+* an instance should get at least ``min_pages`` pages (default: a convert task's request window,
+  ``max_concurrent_requests``): with fewer it cannot keep its share of the server busy, and each
+  instance pays Airflow's start-up (about 6 s per instance under Celery on a loaded 2-core machine,
+  ``bench/mapping.py``);
+* the number of instances is a whole number of *waves* of ``S``: ``n = S * max(1, P // (S * min_pages))``,
+  so no instance runs alone after the others finished; a small run (``P < S * min_pages``) still
+  spreads over all ``S`` slots, so every worker renders;
+* each instance's target is ``P / n`` pages: a document of at least that many pages gets its own
+  instance, smaller ones are packed in discovery order, each pack cut where its pages come closest to
+  the target (or at ``max_documents`` documents);
+* never more than ``max_batches`` (Airflow's ``max_map_length``): the target doubles until it fits.
 
 Pages are **estimated from the listing's byte sizes** (``size / bytes_per_page``, at least 1): plan
 reads one listing and nothing per document, which keeps a 50,000-object discovery to seconds on S3,
@@ -51,10 +54,11 @@ class BatchingRule:
     def estimated_pages(self, source: SourceDocument) -> int:
         return max(1, math.ceil((source.info.size or 0) / self.bytes_per_page))
 
-    def target_pages(self, total_pages: int) -> int:
-        """Pages one instance should get for a run of ``total_pages``."""
-        spread = min(self.min_pages, total_pages // self.parallel)
-        return max(1, spread, math.ceil(total_pages / self.max_batches))
+    def target_pages(self, total_pages: int) -> float:
+        """Pages one instance should get for a run of ``total_pages``: a whole number of waves."""
+        waves = max(1, total_pages // (self.parallel * self.min_pages))
+        instances = min(self.parallel * waves, self.max_batches, max(1, total_pages))
+        return total_pages / instances
 
 
 def pack_batches(sources: Sequence[SourceDocument], rule: BatchingRule | None = None) -> list[list[SourceDocument]]:
@@ -74,20 +78,26 @@ def pack_batches(sources: Sequence[SourceDocument], rule: BatchingRule | None = 
 
 
 def _pack(
-    sources: Sequence[SourceDocument], pages: Sequence[int], target: int, max_documents: int
+    sources: Sequence[SourceDocument], pages: Sequence[int], target: float, max_documents: int
 ) -> list[list[SourceDocument]]:
     batches: list[list[SourceDocument]] = []
     current: list[SourceDocument] = []
     current_pages = 0
+    last_pack: list[SourceDocument] | None = None
     for source, count in zip(sources, pages, strict=True):
         if count >= target:
             batches.append([source])
             continue
+        # Cut before this document when the pack would overshoot its target by more than it falls short.
+        if current and (current_pages + count - target >= target - current_pages or len(current) >= max_documents):
+            batches.append(current)
+            last_pack, current, current_pages = current, [], 0
         current.append(source)
         current_pages += count
-        if current_pages >= target or len(current) >= max_documents:
-            batches.append(current)
-            current, current_pages = [], 0
     if current:
-        batches.append(current)
+        # A remainder under half a target joins the previous pack instead of taking a slot of its own.
+        if last_pack is not None and current_pages < target / 2 and len(last_pack) + len(current) <= max_documents:
+            last_pack.extend(current)
+        else:
+            batches.append(current)
     return batches

@@ -39,14 +39,19 @@ def test_a_few_small_documents_get_an_instance_each_so_every_slot_works() -> Non
 def test_many_small_documents_are_packed_to_the_target_and_large_ones_run_alone() -> None:
     rule = BatchingRule(min_pages=64, parallel=3, bytes_per_page=PAGE)
     sources = _documents(*([1, 2] * 250), 150, 64, 63)
+    # 1,027 pages: 5 waves of 3 instances of at least 64 pages, so a target of 68.5 pages each.
+    assert rule.target_pages(1027) == pytest.approx(1027 / 15)
     batches = pack_batches(sources, rule)
     assert sorted(source.uri for batch in batches for source in batch) == [source.uri for source in sources]
     pages = [sum(rule.estimated_pages(source) for source in batch) for batch in batches]
-    alone = [batch[0].uri for batch in batches if len(batch) == 1]
-    assert alone == ["/in/d0500.pdf", "/in/d0501.pdf"]  # 150 and 64 pages; 63 is packed
-    packs = [count for batch, count in zip(batches, pages, strict=True) if len(batch) > 1]
-    assert all(64 <= count <= 65 for count in packs[:-1])
-    assert len(batches) == 14  # 813 pages: 11 full packs, the last pack, and two documents alone
+    assert pages == [69] * 10 + [150, 60, 64, 63]
+    assert [len(batch) for batch in batches][10:] == [1, 40, 1, 1]  # the 150-page document runs alone
+
+
+def test_a_small_run_is_one_wave_over_every_slot() -> None:
+    rule = BatchingRule(min_pages=64, parallel=3, bytes_per_page=PAGE)
+    batches = pack_batches(_documents(60, 12, 15, 18, *[3] * 12), rule)
+    assert [sum(rule.estimated_pages(source) for source in batch) for batch in batches] == [60, 48, 33]
 
 
 def test_never_more_instances_than_max_map_length() -> None:
