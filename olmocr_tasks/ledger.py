@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -205,16 +205,22 @@ class Ledger:
         return LedgerSnapshot(versions, failure_markers)
 
     def failed_sources(
-        self, snapshot: LedgerSnapshot, failed_runs: Callable[[int], bool] = lambda _: True
+        self,
+        snapshot: LedgerSnapshot,
+        failed_runs: Callable[[int], bool] = lambda _: True,
+        *,
+        known: Iterable[str] = (),
     ) -> list[ObjectInfo]:
         """The source versions whose last outcome was a failure, as their failure markers recorded them.
 
-        Only versions whose number of failed runs passes ``failed_runs`` are read (e.g. only dead
-        letters); one small read each, and damaged markers are skipped.
+        Only versions whose number of failed runs passes ``failed_runs`` (e.g. only dead letters) and
+        whose source is not among the ``known`` URIs are read; one small read each, and damaged
+        markers are skipped.
         """
+        skip = {source_id(uri) for uri in known}
         found: list[ObjectInfo] = []
         for uri, failures in snapshot.failure_markers().items():
-            if not failed_runs(failures):
+            if not failed_runs(failures) or uri.rsplit("/", 2)[-2] in skip:
                 continue
             raw = self.storage.read_bytes_or_none(uri)
             if raw is None:

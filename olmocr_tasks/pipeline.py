@@ -132,7 +132,11 @@ def _redrive_candidates(
     """
     input_uri, retry_dead_letters = request.input_uri, request.retry_dead_letters
     max_failed_attempts = request.max_failed_attempts
-    for recorded in ledger.failed_sources(snapshot, lambda runs: retry_dead_letters or runs < max_failed_attempts):
+    # Sources discovery already listed are skipped before their markers are read (scope "all" lists all).
+    wanted = ledger.failed_sources(
+        snapshot, lambda runs: retry_dead_letters or runs < max_failed_attempts, known=list(seen)
+    )
+    for recorded in wanted:
         if recorded.uri in seen or not _within(recorded.uri, input_uri):
             continue
         current = storage.stat(recorded.uri)

@@ -432,15 +432,15 @@ def test_the_cli_lists_dead_letters_and_takes_them_back(
     pdfgen.write_pdf(tmp_path / "in" / "broken.pdf", pdfgen.truncated_pdf())
     inbox, out = str(tmp_path / "in"), str(tmp_path / "out")
     convert = ["convert", inbox, out, "--server", standin.url, "--model", standin.model, "--max-failed-attempts", "1"]
-    assert main(convert) == EXIT_FAILED_DOCUMENTS
-    assert main(convert) == EXIT_OK  # a dead letter now: listed in the manifest, not tried
+    assert main([*convert, "--run-id", "r1"]) == EXIT_FAILED_DOCUMENTS
+    assert main([*convert, "--run-id", "r2"]) == EXIT_OK  # a dead letter now: listed in the manifest, not tried
     capsys.readouterr()
     assert main(["dead-letters", out, "--model", standin.model, "--max-failed-attempts", "1"]) == EXIT_OK
     (line,) = capsys.readouterr().out.splitlines()
     source, failures, error = line.split("\t")
     assert (source, failures) == (str(tmp_path / "in" / "broken.pdf"), "1") and "corrupt" in error
     requests = len(standin.requests())
-    assert main([*convert, "--retry-dead-letters"]) == EXIT_FAILED_DOCUMENTS
+    assert main([*convert, "--run-id", "r3", "--retry-dead-letters"]) == EXIT_FAILED_DOCUMENTS
     capsys.readouterr()
     main(["dead-letters", out, "--model", standin.model, "--max-failed-attempts", "1"])
     assert capsys.readouterr().out.split("\t")[1] == "2"

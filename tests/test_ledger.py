@@ -247,3 +247,4 @@ def test_failed_sources_are_the_versions_whose_last_outcome_was_a_failure(tmp_pa
     # Recorded as listed when they failed (a re-drive compares them with the object as it is now).
     assert sorted(ledger.failed_sources(snapshot), key=lambda info: info.uri) == [once, twice]
     assert ledger.failed_sources(snapshot, lambda runs: runs >= 2) == [twice]
+    assert ledger.failed_sources(snapshot, known=["s3://b/in/once.pdf"]) == [twice]
