@@ -46,9 +46,12 @@ CLUSTER_DATABASE = "olmocr_airflow"
 START_TIMEOUT_S = 600
 
 
-def _stop_on_sigterm() -> None:
-    # SIGTERM unwinds like Ctrl-C, through the finally blocks that stop every process.
+def _stop_on_signals() -> None:
+    # SIGTERM unwinds like Ctrl-C, through the finally blocks that stop every process. SIGINT is set
+    # explicitly: a shell starting `make up` in the background hands it down ignored, and Python then
+    # keeps ignoring it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def start_engine(log_dir: Path) -> Process:
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cluster", action="store_true", help="the multi-process Celery deployment")
     args = parser.parse_args(argv)
-    _stop_on_sigterm()
+    _stop_on_signals()
     log_dir = (CLUSTER_DIR if args.cluster else AIRFLOW_HOME) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
