@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 from airflow.sdk import Asset, RetryAction
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from olmocr_tasks.errors import (
     ConfigurationError,
@@ -26,6 +27,8 @@ from olmocr_tasks.errors import (
 from olmocr_tasks.manifest import DocumentEntry, Manifest
 from olmocr_tasks.provider import hooks, tasks
 from olmocr_tasks.provider import params as dag_params
+from olmocr_tasks.provider.operators import CheckVllmServerOperator
+from olmocr_tasks.provider.triggers import VllmReadyTrigger
 from olmocr_tasks.runs import SourceDocument
 from olmocr_tasks.storage import ObjectInfo
 from tests.airflow_env import REPO_ROOT, aws_connection, base_env
@@ -276,8 +279,9 @@ def test_local_uris_never_ask_aws_for_credentials(monkeypatch: pytest.MonkeyPatc
     ],
 )
 def test_tasks_retry_only_infrastructure_failures(exception: Exception, action: RetryAction) -> None:
-    for task in (tasks.check_server, tasks.plan, tasks.convert, tasks.publish_manifest_task):
-        policy = task.kwargs["retry_policy"]
+    policies = [task.kwargs["retry_policy"] for task in (tasks.plan, tasks.convert, tasks.publish_manifest_task)]
+    policies.append(CheckVllmServerOperator(task_id="check_server").retry_policy)
+    for policy in policies:
         assert policy.evaluate(exception, try_number=1, max_tries=4).action is action
 
 
@@ -341,24 +345,42 @@ def _closed_port() -> int:
 def test_check_server_fails_fast_on_the_wrong_model(monkeypatch: pytest.MonkeyPatch, standin: StandinServer) -> None:
     value = {"conn_type": "olmocr_vllm", "host": standin.url, "extra": {"model": "other/model"}}
     monkeypatch.setenv("AIRFLOW_CONN_OLMOCR_VLLM", json.dumps(value))
+    check = CheckVllmServerOperator(task_id="check_server")
     with pytest.raises(AirflowFailException, match="configured model is other/model"):
-        tasks.check_server_body()
+        check.execute({})
     value["extra"] = {"model": standin.model}
     monkeypatch.setenv("AIRFLOW_CONN_OLMOCR_VLLM", json.dumps(value))
-    assert standin.model in tasks.check_server_body()
+    assert standin.model in check.execute({})
 
 
-def test_check_server_retries_an_unreachable_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    value = {
-        "conn_type": "olmocr_vllm",
-        "host": f"http://127.0.0.1:{_closed_port()}/v1",
-        "extra": {"readiness_timeout_s": 0.3},
-    }
+def test_check_server_defers_to_the_trigger_while_the_server_is_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    value = {"conn_type": "olmocr_vllm", "host": f"http://127.0.0.1:{_closed_port()}/v1"}
     monkeypatch.setenv("AIRFLOW_CONN_OLMOCR_VLLM", json.dumps(value))
-    with pytest.raises(ServerNotReady, match="is unreachable") as raised:
-        tasks.check_server_body()
-    policy = tasks.check_server.kwargs["retry_policy"]
-    assert policy.evaluate(raised.value, try_number=1, max_tries=5).action is RetryAction.RETRY
+    monkeypatch.setenv("OLMOCR_SERVER_READY_TIMEOUT", "600")
+    check = CheckVllmServerOperator(task_id="check_server")
+    before = time.time()
+    with pytest.raises(TaskDeferred) as deferred:
+        check.execute({})
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, VllmReadyTrigger) and deferred.value.method_name == "execute_complete"
+    assert trigger.conn_id == "olmocr_vllm"
+    # The deadline is absolute, OLMOCR_SERVER_READY_TIMEOUT after the check (serialized with the trigger).
+    assert before + 600 <= trigger.serialize()[1]["deadline"] <= time.time() + 600
+    # What the resumed task makes of the trigger's events.
+    assert check.execute_complete({}, {"status": "ready", "models": ["m"], "not_ready": []}) == ["m"]
+    with pytest.raises(AirflowFailException, match="HTTP 401"):
+        check.execute_complete({}, {"status": "misconfigured", "message": "HTTP 401"})
+    with pytest.raises(ServerNotReady) as timed_out:
+        check.execute_complete({}, {"status": "timeout", "message": "refused"})
+    assert check.retry_policy.evaluate(timed_out.value, try_number=1, max_tries=2).action is RetryAction.RETRY
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-5"])
+def test_a_bad_ready_timeout_fails_the_check_saying_so(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_OLMOCR_VLLM", json.dumps({"conn_type": "olmocr_vllm", "host": "vllm"}))
+    monkeypatch.setenv("OLMOCR_SERVER_READY_TIMEOUT", raw)
+    with pytest.raises(AirflowFailException, match="OLMOCR_SERVER_READY_TIMEOUT"):
+        CheckVllmServerOperator(task_id="check_server").execute({})
 
 
 def _sparse_pdfs(folder: Path, count: int, size: int) -> None:

@@ -6,7 +6,9 @@ The DAG files only choose a schedule and call ``conversion_flow``::
 
     check_server ─► plan ─► convert[batch…] ─► publish_manifest ─► enforce_error_budget
 
-* ``check_server`` asks the ``olmocr_vllm`` connection's server whether it serves the model.
+* ``check_server`` (``CheckVllmServerOperator``) asks the ``olmocr_vllm`` connection's server whether it
+  serves the model; while the server starts it waits in the triggerer (no worker slot), up to
+  ``OLMOCR_SERVER_READY_TIMEOUT`` seconds.
 * ``plan`` resolves the run's Params and ``dag_run`` (and, in the S3-event DAG, its triggering asset
   events) into a ``RunRequest``, discovers what to convert, writes the plan and one small file per
   batch in the run folder (``olmocr_tasks.runs``), and returns batch descriptors
@@ -35,9 +37,6 @@ from typing import Any
 from airflow.sdk import (
     Asset,
     AssetAlias,
-    ExceptionRetryPolicy,
-    RetryAction,
-    RetryRule,
     TriggerRule,
     XComArg,
     conf,
@@ -49,7 +48,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from olmocr_tasks.access import check_run_allowed
 from olmocr_tasks.batching import DEFAULT_BYTES_PER_PAGE, DEFAULT_PARALLEL, BatchingRule, pack_batches
 from olmocr_tasks.config import ConversionSettings
-from olmocr_tasks.errors import ConfigurationError, InfrastructureError, ServerMisconfigured, ServerNotReady
+from olmocr_tasks.errors import ConfigurationError, ServerMisconfigured
 from olmocr_tasks.pipeline import (
     RunRequest,
     build_manifest,
@@ -61,7 +60,9 @@ from olmocr_tasks.pipeline import (
 )
 from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.hooks import VllmHook, storage_for
+from olmocr_tasks.provider.operators import CheckVllmServerOperator
 from olmocr_tasks.provider.params import SCOPES
+from olmocr_tasks.provider.retries import INFRASTRUCTURE_RETRIES
 from olmocr_tasks.runs import SourceDocument, new_plan_id
 from olmocr_tasks.s3_events import documents_from_asset_events
 from olmocr_tasks.uri import is_s3
@@ -82,24 +83,6 @@ _INTERVAL_RUN_TYPES = frozenset({"scheduled", "backfill"})
 PLAN_ID_XCOM = "plan_id"
 # Long enough to recognise a document in the grid; 1000 batch descriptors stay around 100 KB.
 _LABEL_CHARS = 80
-
-# A server that is starting or a storage outage is worth waiting for; anything else (a bug, a
-# misconfiguration) would fail the same way on every retry, so it fails at once.
-_INFRASTRUCTURE_RETRIES = ExceptionRetryPolicy(
-    rules=[
-        # Checked first: a rejected API key or a wrong server is an InfrastructureError too, but
-        # retrying cannot fix it (convert_body also turns it into AirflowFailException).
-        RetryRule(exception=ServerMisconfigured, action=RetryAction.FAIL, reason="server rejects us"),
-        RetryRule(exception=InfrastructureError, action=RetryAction.RETRY, reason="server or storage unavailable"),
-        RetryRule(
-            exception="airflow.sdk.exceptions.AirflowTaskTimeout",
-            action=RetryAction.RETRY,
-            reason="task timed out",
-        ),
-    ],
-    default=RetryAction.FAIL,
-)
-
 
 # ------------------------------------------------------------------------- resolving a run request
 
@@ -225,26 +208,6 @@ def _fail_on_configuration(exc: ConfigurationError) -> AirflowFailException:
 
 
 # ------------------------------------------------------------------------------------ task bodies
-
-
-def check_server_body(conn_id: str = DEFAULT_CONN_ID) -> list[str]:
-    """Fail fast on a misconfigured server; raise ``ServerNotReady`` (retried) while it is starting."""
-    hook = VllmHook(conn_id)
-    try:
-        settings = hook.server_settings()
-    except ConfigurationError as exc:
-        raise AirflowFailException(f"connection {conn_id!r}: {exc}") from None
-    urls = ", ".join(settings.public_dict()["base_urls"])
-    try:
-        models = hook.check_ready(settings)
-    except ServerMisconfigured as exc:
-        # The server answered wrongly (API key, URL, model): waiting will not fix it.
-        raise AirflowFailException(f"vLLM at {urls} (connection {conn_id!r}) cannot be used: {exc}") from None
-    except ServerNotReady as exc:
-        # Unreachable: it may still be loading the model, so Airflow retries the task.
-        raise ServerNotReady(f"vLLM at {urls} (connection {conn_id!r}) is unreachable: {exc}") from None
-    log.info("vLLM at %s serves %s", urls, ", ".join(models))
-    return models
 
 
 def max_map_length() -> int:
@@ -489,25 +452,10 @@ def event_documents_body(context: Mapping[str, Any], asset_name: str | None = No
 
 
 @task(
-    retries=4,
-    retry_delay=timedelta(seconds=15),
-    retry_exponential_backoff=2.0,
-    max_retry_delay=timedelta(minutes=5),
-    retry_policy=_INFRASTRUCTURE_RETRIES,
-)
-def check_server() -> list[str]:
-    """Is the vLLM server up and serving the configured model? Retried while it starts.
-
-    Returns the models the server reports; plan keys the run's idempotency on one of them.
-    """
-    return check_server_body()
-
-
-@task(
     retries=2,
     retry_delay=timedelta(seconds=30),
     retry_exponential_backoff=2.0,
-    retry_policy=_INFRASTRUCTURE_RETRIES,
+    retry_policy=INFRASTRUCTURE_RETRIES,
 )
 def plan(event_asset: str | None = None) -> list[dict[str, Any]]:
     """Discover the PDFs to convert (or read them from the triggering events) and pack them into batches."""
@@ -520,7 +468,7 @@ def plan(event_asset: str | None = None) -> list[dict[str, Any]]:
     retry_delay=timedelta(minutes=1),
     retry_exponential_backoff=2.0,
     max_retry_delay=timedelta(minutes=30),
-    retry_policy=_INFRASTRUCTURE_RETRIES,
+    retry_policy=INFRASTRUCTURE_RETRIES,
     map_index_template="{{ batch_label }}",
     pre_execute=limit_convert_time,
 )
@@ -536,7 +484,7 @@ def convert(batch: dict[str, Any]) -> dict[str, Any]:
     outlets=[OUTPUTS_ALIAS],
     retries=2,
     retry_delay=timedelta(seconds=30),
-    retry_policy=_INFRASTRUCTURE_RETRIES,
+    retry_policy=INFRASTRUCTURE_RETRIES,
 )
 def publish_manifest_task() -> dict[str, Any]:
     """Write the run manifest, even when some conversions failed."""
@@ -556,7 +504,7 @@ def conversion_flow(event_asset: str | None = None) -> XComArg:
     DAG); None lets the run's Params decide. The events are read inside ``plan`` rather than handed
     over through XCom, because a burst of uploads can name thousands of objects.
     """
-    server = check_server()
+    server = CheckVllmServerOperator(task_id="check_server")
     batches = plan(event_asset=event_asset)
     converted = convert.expand(batch=batches)
     published = publish_manifest_task.override(task_id="publish_manifest")()

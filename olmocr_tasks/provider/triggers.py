@@ -67,18 +67,13 @@ class VllmReadyTrigger(BaseTrigger):
         except ConfigurationError as exc:
             yield TriggerEvent({"status": "misconfigured", "message": f"connection {self.conn_id!r}: {exc}"})
             return
-        secrets = [urlsplit(url).password for url in settings.base_urls]
-        probes = [
-            ModelsProbe(url, settings.model, api_key=settings.api_key, secrets=secrets) for url in settings.base_urls
-        ]
-        timeout = httpx.Timeout(min(_PROBE_TIMEOUT_S, settings.connect_timeout_s + _PROBE_TIMEOUT_S))
         async with httpx.AsyncClient(verify=settings.verify_tls, follow_redirects=False) as http:
             while True:
-                results = await asyncio.gather(*(probe.probe(http, timeout) for probe in probes))
+                results = await probe_replicas(settings, http)
                 self.polls += 1
-                event = self._verdict(results, final=time.time() >= self.deadline)
-                if event is not None:
-                    yield event
+                payload = readiness_payload(results, final=time.time() >= self.deadline)
+                if payload is not None:
+                    yield TriggerEvent(payload)
                     return
                 self.log.info("vLLM not ready yet: %s", "; ".join(r.detail for r in results if not r.ready))
                 await asyncio.sleep(max(0.0, min(self.poll_interval_s, self.deadline - time.time())))
@@ -91,21 +86,38 @@ class VllmReadyTrigger(BaseTrigger):
 
         return settings_from_connection(await get_async_connection(self.conn_id))
 
-    @staticmethod
-    def _verdict(results: list[ProbeResult], *, final: bool) -> TriggerEvent | None:
-        wrong = [result.detail for result in results if result.state == "misconfigured"]
-        if wrong:
-            return TriggerEvent({"status": "misconfigured", "message": "; ".join(wrong)})
-        ready = [result for result in results if result.ready]
-        waiting = [result.detail for result in results if not result.ready]
-        if ready and (not waiting or final):
-            models = list(dict.fromkeys(model for result in ready for model in result.models))
-            return TriggerEvent({"status": "ready", "models": models, "not_ready": waiting})
-        if final:
-            return TriggerEvent(
-                {"status": "timeout", "message": "vLLM not ready by the deadline: " + "; ".join(waiting)}
-            )
-        return None
+
+async def probe_replicas(settings: ServerSettings, http: httpx.AsyncClient) -> list[ProbeResult]:
+    """One readiness probe of every replica, at once (``olmocr_tasks.readiness``)."""
+    secrets = [urlsplit(url).password for url in settings.base_urls]
+    probes = [ModelsProbe(url, settings.model, api_key=settings.api_key, secrets=secrets) for url in settings.base_urls]
+    timeout = httpx.Timeout(min(_PROBE_TIMEOUT_S, settings.connect_timeout_s + _PROBE_TIMEOUT_S))
+    return list(await asyncio.gather(*(probe.probe(http, timeout) for probe in probes)))
+
+
+async def probe_once(settings: ServerSettings) -> list[ProbeResult]:
+    """``probe_replicas`` with a client of its own: the check a task makes before it defers."""
+    async with httpx.AsyncClient(verify=settings.verify_tls, follow_redirects=False) as http:
+        return await probe_replicas(settings, http)
+
+
+def readiness_payload(results: list[ProbeResult], *, final: bool) -> dict[str, Any] | None:
+    """The event a round of probes fires (see the module docstring), or None to keep waiting.
+
+    Every replica ready fires ``ready``; at the ``final`` round (the deadline) one ready replica is
+    enough, and none is a ``timeout``. A replica that answers wrongly fires ``misconfigured`` at once.
+    """
+    wrong = [result.detail for result in results if result.state == "misconfigured"]
+    if wrong:
+        return {"status": "misconfigured", "message": "; ".join(wrong)}
+    ready = [result for result in results if result.ready]
+    waiting = [result.detail for result in results if not result.ready]
+    if ready and (not waiting or final):
+        models = list(dict.fromkeys(model for result in ready for model in result.models))
+        return {"status": "ready", "models": models, "not_ready": waiting}
+    if final:
+        return {"status": "timeout", "message": "vLLM not ready by the deadline: " + "; ".join(waiting)}
+    return None
 
 
 def models_from_event(event: dict[str, Any], conn_id: str = DEFAULT_CONN_ID) -> list[str]:
