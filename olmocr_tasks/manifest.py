@@ -69,6 +69,8 @@ class DocumentEntry:
     accepted_attempt_histogram: dict[str, int] = field(default_factory=dict)
     server_input_tokens: int = 0
     server_output_tokens: int = 0
+    # Second requests sent for this document's pages that outlasted their peers (never page attempts).
+    hedged: int = 0
     # Airflow context of the task that converted it (dag/run/task/map index), when run by Airflow.
     task: dict[str, Any] | None = None
 
@@ -83,6 +85,7 @@ class DocumentEntry:
         self.server_output_tokens = totals.server_output_tokens
         self.page_latencies_s = list(totals.page_latencies_s)
         self.accepted_attempt_histogram = dict(totals.accepted_attempt_histogram)
+        self.hedged = totals.hedged
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -218,13 +221,13 @@ class Manifest:
 def count_entries(documents: Iterable[DocumentEntry]) -> dict[str, int]:
     """The totals of a set of entries: a run's (``Manifest.counts``) or one batch's (its XCom summary).
 
-    Pages and accepted tokens count converted documents only (what the outputs hold); server tokens
-    and attempts count every document (what the server spent).
+    Pages and accepted tokens count converted documents only (what the outputs hold); server tokens,
+    attempts and hedged requests count every document (what the server spent).
     """
     counts = dict.fromkeys(
         ("documents", "converted", "failed", "skipped", "pages", "fallback_pages", "input_tokens", "output_tokens"), 0
     )
-    counts |= dict.fromkeys(("server_input_tokens", "server_output_tokens", "attempts", NOT_CONVERTED), 0)
+    counts |= dict.fromkeys(("server_input_tokens", "server_output_tokens", "attempts", "hedged", NOT_CONVERTED), 0)
     for doc in documents:
         counts["documents"] += 1
         counts[doc.status] += 1
@@ -236,6 +239,7 @@ def count_entries(documents: Iterable[DocumentEntry]) -> dict[str, int]:
         counts["server_input_tokens"] += doc.server_input_tokens
         counts["server_output_tokens"] += doc.server_output_tokens
         counts["attempts"] += doc.attempts
+        counts["hedged"] += doc.hedged
         counts[NOT_CONVERTED] += doc.error_class == NOT_CONVERTED
     return counts
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from olmocr_tasks.manifest import DocumentEntry, Manifest, manifest_uri, safe_run_id
 from olmocr_tasks.protocol import PageResponse
 from olmocr_tasks.results import DocumentResult, PageResult
+from tests.standin.server import StandinServer
 
 
 def _page(number: int, text: str | None, *, fallback: bool = False) -> PageResult:
@@ -156,3 +159,53 @@ def test_a_batch_summary_and_the_manifest_count_entries_the_same_way() -> None:
     assert {key: counts[key] for key in count_entries([])} == count_entries(manifest.documents)
     # Pages of documents that did not convert are not in the outputs, so not in the totals.
     assert counts["pages"] == 4 and counts["not_converted"] == 1 and counts["failed"] == 2
+
+
+def _schema() -> dict[str, object]:
+    import importlib.resources
+
+    return json.loads(importlib.resources.files("olmocr_tasks").joinpath("schemas/manifest.schema.json").read_text())
+
+
+def test_a_page_rescued_by_its_hedge_is_counted_in_the_published_manifest(
+    tmp_path: Path, standin_factory: Callable[..., StandinServer]
+) -> None:
+    import jsonschema
+
+    from olmocr_tasks.config import ConversionSettings, ServerSettings
+    from olmocr_tasks.pipeline import RunRequest, run_conversion
+    from olmocr_tasks.storage import Storage
+    from tests import pdfgen
+
+    # The last page's first request is accepted and never answered; the other pages give the client
+    # the latency history a hedge needs. The read timeout is far away, so only a hedge rescues it.
+    server = standin_factory(scripts={"1:25": ["hang"]}, latency_s=0.02)
+    pdfgen.write_pdf(tmp_path / "in" / "long.pdf", pdfgen.text_pdf(25, doc_id=1))
+    pdfgen.write_pdf(tmp_path / "in" / "short.pdf", pdfgen.text_pdf(1, doc_id=2))
+    settings = ConversionSettings(
+        server=ServerSettings(
+            base_urls=(server.url,),
+            read_timeout_s=60.0,
+            request_retry_budget_s=90.0,
+            outage_window_s=90.0,
+            readiness_timeout_s=5.0,
+            max_concurrent_requests=8,
+            hedge_min_delay_s=0.2,
+            hedge_multiple=3.0,
+        )
+    )
+    request = RunRequest(str(tmp_path / "in"), str(tmp_path / "out"), run_id="hedged", settings=settings)
+    _, uri = run_conversion(request, Storage())
+
+    published = json.loads(Path(uri).read_text())
+    jsonschema.validate(published, _schema())
+    entries = {Path(doc["source"]).name: doc for doc in published["documents"]}
+    assert entries["long.pdf"]["status"] == "converted" and entries["long.pdf"]["fallback_pages"] == 0
+    assert entries["long.pdf"]["hedged"] == 1 and entries["short.pdf"]["hedged"] == 0
+    # A hedge is not a page attempt: every page was accepted on its first attempt.
+    assert entries["long.pdf"]["attempts"] == 25
+    assert published["counts"]["hedged"] == 1
+    last_page = {"doc_id": 1, "page_number": 25}
+    outcomes = [r["outcome"] for r in server.requests() if (r["marker"] or {}).items() >= last_page.items()]
+    assert outcomes == ["hang", "ok"]
+    assert Manifest.from_dict(published).counts() == published["counts"]

@@ -31,6 +31,8 @@ COUNT_KEYS = (
     "server_input_tokens",
     "server_output_tokens",
     "attempts",
+    # Second requests sent for pages that outlasted their peers (manifests since hedging; 0 before).
+    "hedged",
     # Documents whose convert task failed as a whole (written by manifests since the run-folder change).
     "not_converted",
 )
