@@ -209,3 +209,39 @@ def test_a_page_rescued_by_its_hedge_is_counted_in_the_published_manifest(
     outcomes = [r["outcome"] for r in server.requests() if (r["marker"] or {}).items() >= last_page.items()]
     assert outcomes == ["hang", "ok"]
     assert Manifest.from_dict(published).counts() == published["counts"]
+
+
+def test_an_output_collision_failure_is_recorded_in_a_manifest_that_validates(
+    tmp_path: Path, standin: StandinServer
+) -> None:
+    import hashlib
+
+    import jsonschema
+
+    from olmocr_tasks.config import ConversionSettings, ServerSettings
+    from olmocr_tasks.outputs import OWNERS_DIR
+    from olmocr_tasks.pipeline import RunRequest, run_conversion
+    from olmocr_tasks.storage import Storage
+    from tests import pdfgen
+
+    source = pdfgen.write_pdf(tmp_path / "in" / "taken.pdf", pdfgen.text_pdf(1, doc_id=1))
+    pdfgen.write_pdf(tmp_path / "in" / "free.pdf", pdfgen.text_pdf(1, doc_id=2))
+    # Both names taken.pdf may be written under already belong to other sources' outputs.
+    digest = hashlib.sha1(str(source).encode()).hexdigest()[:10]
+    owners = tmp_path / "out" / OWNERS_DIR
+    owners.mkdir(parents=True)
+    for stem in ("taken", f"taken~{digest}"):
+        record = owners / (hashlib.sha256(stem.encode()).hexdigest() + ".json")
+        record.write_text(json.dumps({"stem": stem, "source": f"s3://elsewhere/{stem}.pdf"}))
+    settings = ConversionSettings(server=ServerSettings(base_urls=(standin.url,), readiness_timeout_s=5.0))
+    request = RunRequest(str(tmp_path / "in"), str(tmp_path / "out"), run_id="collision", settings=settings)
+    _, uri = run_conversion(request, Storage())
+
+    published = json.loads(Path(uri).read_text())
+    jsonschema.validate(published, _schema())
+    entries = {Path(doc["source"]).name: doc for doc in published["documents"]}
+    assert entries["taken.pdf"]["status"] == "failed"
+    assert entries["taken.pdf"]["error_class"] == "output_collision"
+    assert "s3://elsewhere/taken.pdf" in entries["taken.pdf"]["error"]
+    assert entries["free.pdf"]["status"] == "converted"
+    assert not (tmp_path / "out" / "markdown" / "taken.md").exists()
