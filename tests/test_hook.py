@@ -61,6 +61,9 @@ def test_settings_from_a_full_connection() -> None:
             "verify_tls": "false",
             "read_timeout_s": 45,
             "readiness_timeout_s": "5",
+            "hedge_min_delay_s": "30",
+            "hedge_multiple": 2.5,
+            "hedge_requests": "off",
         },
     )
     settings = settings_from_connection(conn)
@@ -75,6 +78,7 @@ def test_settings_from_a_full_connection() -> None:
     assert settings.verify_tls is False
     assert settings.read_timeout_s == 45.0
     assert settings.readiness_timeout_s == 5.0
+    assert (settings.hedge_min_delay_s, settings.hedge_multiple, settings.hedge_requests) == (30.0, 2.5, False)
     # The key never reaches what is logged or written to a manifest.
     assert "s3cret-key" not in json.dumps(settings.public_dict()) + repr(settings)
 
@@ -87,6 +91,8 @@ def test_settings_defaults_for_a_minimal_connection() -> None:
     assert settings.api_key is None
     assert settings.max_concurrent_requests == default.max_concurrent_requests
     assert settings.verify_tls is True
+    assert settings.hedge_requests is True
+    assert (settings.hedge_min_delay_s, settings.hedge_multiple) == (default.hedge_min_delay_s, default.hedge_multiple)
 
 
 def test_replicas_as_a_json_list_and_prefixed_form_fields() -> None:
@@ -106,6 +112,9 @@ def test_replicas_as_a_json_list_and_prefixed_form_fields() -> None:
         ({"max_concurrent_requests": 0}, "must be positive"),
         ({"verify_tls": "perhaps"}, "must be a boolean"),
         ({"read_timeout_s": -1}, "must be positive"),
+        ({"hedge_multiple": 0}, "must be positive"),
+        ({"hedge_min_delay_s": "soon"}, "must be a number"),
+        ({"hedge_requests": "sometimes"}, "must be a boolean"),
     ],
 )
 def test_invalid_extras_are_configuration_errors(extra: dict[str, Any], message: str) -> None:
@@ -122,6 +131,8 @@ def test_hook_attributes_match_the_provider_registration() -> None:
     assert registered["hook-name"] == VllmHook.hook_name == "olmOCR vLLM"
     assert VllmHook.default_conn_name == "olmocr_vllm"
     assert VllmHook.conn_name_attr == "vllm_conn_id"
+    # The connection form offers the hedging extras the hook reads.
+    assert {"hedge_requests", "hedge_min_delay_s", "hedge_multiple"} <= set(registered["conn-fields"])
 
 
 def _use_connection(monkeypatch: pytest.MonkeyPatch, url: str, **extra: Any) -> None:
@@ -132,9 +143,17 @@ def _use_connection(monkeypatch: pytest.MonkeyPatch, url: str, **extra: Any) -> 
 def test_hook_reads_the_connection_and_applies_overrides(
     monkeypatch: pytest.MonkeyPatch, standin: StandinServer
 ) -> None:
-    _use_connection(monkeypatch, standin.url, model=standin.model, max_concurrent_requests=8)
+    _use_connection(
+        monkeypatch,
+        standin.url,
+        model=standin.model,
+        max_concurrent_requests=8,
+        hedge_min_delay_s=45,
+        hedge_requests=True,
+    )
     hook = VllmHook()
     assert hook.get_conn().base_urls == (standin.url,)
+    assert hook.get_conn().hedge_min_delay_s == 45.0 and hook.get_conn().hedge_requests is True
     assert hook.server_settings(max_concurrent_requests=None).max_concurrent_requests == 8
     assert hook.server_settings(max_concurrent_requests=3).max_concurrent_requests == 3
 

@@ -73,6 +73,21 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "Failing this long with no success aborts the task for a retry (default 180).",
                         "schema": {"type": ["number", "null"], "minimum": 1},
                     },
+                    "hedge_requests": {
+                        "label": "Hedge slow requests",
+                        "description": "Send a second request for a page that outlasts its peers; first answer wins.",
+                        "schema": {"type": ["boolean", "null"], "default": True},
+                    },
+                    "hedge_min_delay_s": {
+                        "label": "Hedge floor (s)",
+                        "description": "Never hedge a request outstanding for less than this (default 120).",
+                        "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                    },
+                    "hedge_multiple": {
+                        "label": "Hedge multiple of p95",
+                        "description": "Hedge after this many times the recent p95 answer time (default 3).",
+                        "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                    },
                 },
             }
         ],

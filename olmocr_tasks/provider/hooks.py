@@ -10,9 +10,10 @@ Connection fields:
 * **password**: the API key, sent as a Bearer token (never logged: see ``ServerSettings.public_dict``).
 * extras: ``model``; ``gpu_hour_price`` (price of one GPU hour, for the manifests' cost estimate);
   ``replicas`` (comma-separated base URLs, or a JSON list, of further replicas balanced with the
-  first); ``max_concurrent_requests``; ``verify_tls``; and any of the timeouts
+  first); ``max_concurrent_requests``; ``verify_tls``; any of the timeouts
   ``connect_timeout_s``, ``read_timeout_s``, ``write_timeout_s``, ``readiness_timeout_s``,
-  ``request_retry_budget_s``, ``outage_window_s``.
+  ``request_retry_budget_s``, ``outage_window_s``; and the hedging knobs ``hedge_requests``
+  (boolean, on by default), ``hedge_min_delay_s`` and ``hedge_multiple`` (see ``ServerSettings``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ _FLOAT_EXTRAS = (
     "readiness_timeout_s",
     "request_retry_budget_s",
     "outage_window_s",
+    "hedge_min_delay_s",
+    "hedge_multiple",
 )
+_BOOL_EXTRAS = ("verify_tls", "hedge_requests")
 
 
 class ConnectionLike(Protocol):
@@ -129,8 +133,9 @@ def settings_from_connection(conn: ConnectionLike, defaults: ServerSettings | No
     }
     if (value := _extra(extra, "max_concurrent_requests")) is not None:
         changes["max_concurrent_requests"] = _as_number("max_concurrent_requests", value, int)
-    if (value := _extra(extra, "verify_tls")) is not None:
-        changes["verify_tls"] = _as_bool("verify_tls", value)
+    for name in _BOOL_EXTRAS:
+        if (value := _extra(extra, name)) is not None:
+            changes[name] = _as_bool(name, value)
     for name in _FLOAT_EXTRAS:
         if (value := _extra(extra, name)) is not None:
             changes[name] = _as_number(name, value, float)
