@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 
 from airflow.sdk import CronDataIntervalTimetable, dag
 
+from olmocr_tasks.provider.notifications import notify_run_failure
 from olmocr_tasks.provider.params import ingest_params
 from olmocr_tasks.provider.tasks import conversion_flow
 
@@ -37,6 +38,8 @@ from olmocr_tasks.provider.tasks import conversion_flow
     max_active_runs=int(os.environ.get("OLMOCR_MAX_ACTIVE_RUNS", "2")),
     params=ingest_params(),
     tags=["olmocr"],
+    # Sends the failed run's report through the notifier the olmocr_failure_notifier Variable names.
+    on_failure_callback=notify_run_failure,
     doc_md=__doc__,
 )
 def olmocr_ingest() -> None:

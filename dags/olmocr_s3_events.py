@@ -24,6 +24,7 @@ from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTr
 from airflow.sdk import Asset, AssetWatcher, dag
 
 from olmocr_tasks.provider.hooks import AWS_CONN_ID
+from olmocr_tasks.provider.notifications import notify_run_failure
 from olmocr_tasks.provider.params import event_params
 from olmocr_tasks.provider.tasks import conversion_flow
 
@@ -56,6 +57,8 @@ s3_object_created = Asset(
     max_active_runs=int(os.environ.get("OLMOCR_MAX_ACTIVE_RUNS", "2")),
     params=event_params(),
     tags=["olmocr"],
+    # Sends the failed run's report through the notifier the olmocr_failure_notifier Variable names.
+    on_failure_callback=notify_run_failure,
     doc_md=__doc__,
 )
 def olmocr_s3_events() -> None:

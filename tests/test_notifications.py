@@ -1,9 +1,9 @@
 """Failure notifications: the report of a failed run, and its delivery by an Airflow notifier.
 
-The report (``olmocr_tasks.failure_report``) is checked on its own; then a DAG run that fails after
-publishing a real run's summary is run with ``dag.test()``, its ``on_failure_callback`` configured only
-through an Airflow Variable and an SMTP connection (environment variables), and the mail is read from
-a local SMTP server (aiosmtpd on 127.0.0.1).
+The report (``olmocr_tasks.failure_report``) is checked on its own; then a real ``olmocr_ingest`` run
+over its error budget is run with ``dag.test()``, its ``on_failure_callback`` configured only through
+an Airflow Variable and an SMTP connection (environment variables), and the mail is read from a local
+SMTP server (aiosmtpd on 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import email
 import email.policy
 import json
 import socket
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,8 @@ from olmocr_tasks.failure_report import build_failure_report, error_class_counts
 from olmocr_tasks.provider.notifications import NotifierConfigError, make_notifier, parse_notifier_config
 from tests import pdfgen
 from tests.airflow_env import AirflowEnv
-from tests.reliability_checks import run_cli
-from tests.standin.server import StandinServer
 
 SMTP_NOTIFIER = "airflow.providers.smtp.notifications.smtp.SmtpNotifier"
-FAST = ["--read-timeout", "5", "--outage-window", "3", "--ready-timeout", "3"]
 
 
 # -- the report -------------------------------------------------------------------------------------------
@@ -129,40 +125,6 @@ def test_message_fields_default_to_the_report_unless_configured() -> None:
 
 # -- through Airflow: dag.test(), the callback, an SMTP server ----------------------------------------------
 
-PROBE_DAG = """
-import os
-from datetime import datetime
-from pathlib import Path
-
-from airflow.sdk import dag, get_current_context, task
-from airflow.sdk.exceptions import AirflowFailException
-
-from olmocr_tasks.manifest import manifest_uri
-from olmocr_tasks.provider.notifications import notify_run_failure
-from olmocr_tasks.provider.tasks import airflow_run_id
-
-
-@dag(schedule=None, start_date=datetime(2026, 1, 1), catchup=False, params={"output_uri": os.environ["PROBE_OUTPUT"]},
-     on_failure_callback=notify_run_failure)
-def olmocr_notify_probe():
-    @task(task_id="publish_manifest")
-    def publish() -> dict:
-        # Publishes a real run's manifest under this run's name, where the publish task writes it.
-        context = get_current_context()
-        uri = manifest_uri(context["params"]["output_uri"], airflow_run_id(context))
-        Path(uri).write_text(os.environ["PROBE_MANIFEST_JSON"])
-        return {"manifest": uri}
-
-    @task
-    def enforce_error_budget() -> None:
-        raise AirflowFailException("over the budget")
-
-    publish() >> enforce_error_budget()
-
-
-olmocr_notify_probe()
-"""
-
 
 class _Inbox:
     def __init__(self) -> None:
@@ -188,27 +150,16 @@ def smtp_server() -> Iterator[tuple[int, _Inbox]]:
 
 
 @pytest.mark.slow
-def test_failed_run_mails_its_report_through_the_configured_notifier(
-    airflow_home: AirflowEnv, standin: StandinServer, smtp_server: tuple[int, _Inbox], tmp_path: Path
+@pytest.mark.timeout(600)
+def test_failed_ingest_run_mails_its_report_through_the_configured_notifier(
+    airflow_env: AirflowEnv, smtp_server: tuple[int, _Inbox], tmp_path: Path
 ) -> None:
     port, inbox = smtp_server
     pdfgen.write_pdf(tmp_path / "in" / "good.pdf", pdfgen.text_pdf(1, doc_id=1))
     (tmp_path / "in" / "broken.pdf").write_bytes(pdfgen.not_a_pdf())
-    run = run_cli("convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, "--run-id", "n",
-                  *FAST)  # fmt: skip
-    assert run.returncode == 1, run.stderr
-    manifest_path = tmp_path / "out" / "manifests" / "n.json"
-    manifest = json.loads(manifest_path.read_text())
-    (failed,) = [doc for doc in manifest["documents"] if doc["status"] == "failed"]
-
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "notify_probe.py").write_text(textwrap.dedent(PROBE_DAG))
-    airflow = airflow_home.with_env(
-        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
-        PROBE_MANIFEST_JSON=json.dumps(manifest),
-        PROBE_OUTPUT=str(tmp_path / "out"),
-        # The whole configuration: a Variable naming the notifier, a connection for it.
+    output = tmp_path / "out"
+    airflow = airflow_env.with_env(
+        # The whole configuration: a Variable naming the notifier, a connection for it; the DAG is as shipped.
         AIRFLOW_VAR_OLMOCR_FAILURE_NOTIFIER=json.dumps(
             {"notifier": SMTP_NOTIFIER, "kwargs": {"to": "ocr-team@example.com", "smtp_conn_id": "smtp_notify"}}
         ),
@@ -227,18 +178,20 @@ def test_failed_run_mails_its_report_through_the_configured_notifier(
             }
         ),
     )
-    result = airflow.dag_test("olmocr_notify_probe")
+    # One of two documents fails: over the default 5% budget, so enforce_error_budget fails the run.
+    result = airflow.dag_test("olmocr_ingest", conf={"input_uri": str(tmp_path / "in"), "output_uri": str(output)})
     assert result.state == "failed", result.tail()
+    (manifest_path,) = (output / "manifests").glob("olmocr_ingest__*.json")
+    manifest = json.loads(manifest_path.read_text())
+    (failed,) = [doc for doc in manifest["documents"] if doc["status"] == "failed"]
 
     assert len(inbox.messages) == 1, result.tail()
     sender, recipients, raw = inbox.messages[0]
     assert (sender, recipients) == ("airflow@example.com", ["ocr-team@example.com"])
     message = email.message_from_bytes(raw, policy=email.policy.default)
-    assert message["Subject"].startswith("olmOCR run failed: olmocr_notify_probe / ")
-    assert "(1 of 2 documents failed)" in message["Subject"]
+    assert message["Subject"] == f"olmOCR run failed: olmocr_ingest / {result.run_id} (1 of 2 documents failed)"
     body = message.get_body(preferencelist=("html",)).get_content()
-    run_manifests = list(manifest_path.parent.glob("olmocr_notify_probe__*.json"))
-    assert len(run_manifests) == 1 and str(run_manifests[0]) in body  # the link to this run's manifest
+    assert str(manifest_path) in body  # the link to this run's manifest
     assert f"<th align=left>Failed</th><td>{manifest['counts']['failed']}</td>" in body
     assert f"{failed['error_class']}: 1" in body
     assert "<th align=left>Failed task</th><td>enforce_error_budget</td>" in body
