@@ -15,6 +15,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from secrets import token_hex
 from urllib.parse import urlsplit
 
 from olmocr_tasks import __version__
@@ -73,7 +74,7 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"served model name (default {DEFAULT_MODEL})")
     parser.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the Bearer API key")
-    parser.add_argument("--run-id", help="manifest name (default: cli-<UTC timestamp>)")
+    parser.add_argument("--run-id", help="manifest name (default: cli-<UTC timestamp>-<random suffix>)")
     parser.add_argument("--max-concurrent-requests", type=_positive_int, default=64)
     parser.add_argument("--max-page-retries", type=_positive_int, default=8)
     parser.add_argument("--max-page-error-rate", type=_rate, default=0.004)
@@ -86,6 +87,22 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--read-timeout", type=float, default=300.0, help="seconds to wait for one answer")
     parser.add_argument("--outage-window", type=float, default=180.0, help="seconds of failures before giving up")
     parser.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the server to be ready")
+    parser.add_argument(
+        "--hedge-min-delay",
+        type=_positive_float,
+        default=ServerSettings.hedge_min_delay_s,
+        metavar="SECONDS",
+        help="never send a second request for a page outstanding less than this "
+        f"(default {ServerSettings.hedge_min_delay_s:g})",
+    )
+    parser.add_argument(
+        "--hedge-multiple",
+        type=_positive_float,
+        default=ServerSettings.hedge_multiple,
+        help="hedge a page outstanding this many times the recent p95 answer time "
+        f"(default {ServerSettings.hedge_multiple:g})",
+    )
+    parser.add_argument("--no-hedging", action="store_true", help="never send a second request for a slow page")
     parser.add_argument("--gpu-hour-price", type=float, help="price of one GPU hour, for the cost estimate")
     parser.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
     parser.add_argument(
@@ -126,6 +143,13 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_convert)
 
 
+def default_run_id(now: datetime | None = None) -> str:
+    """``cli-<UTC time to the second>-<6 random hex digits>``: two runs started in the same second get
+    different manifests, and ids still sort by start time."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    return f"cli-{stamp}-{token_hex(3)}"
+
+
 def _convert(args: argparse.Namespace) -> int:
     from olmocr_tasks.pipeline import RunRequest, run_conversion
     from olmocr_tasks.storage import Storage
@@ -143,6 +167,9 @@ def _convert(args: argparse.Namespace) -> int:
             max_concurrent_requests=args.max_concurrent_requests,
             verify_tls=not args.insecure,
             adaptive_concurrency=not args.no_adaptive_concurrency,
+            hedge_requests=not args.no_hedging,
+            hedge_min_delay_s=args.hedge_min_delay,
+            hedge_multiple=args.hedge_multiple,
         ),
         page=PageSettings(
             target_longest_image_dim=args.target_longest_image_dim, max_page_retries=args.max_page_retries
@@ -165,7 +192,7 @@ def _convert(args: argparse.Namespace) -> int:
     request = RunRequest(
         input_uri=input_uri,
         output_uri=output_uri,
-        run_id=args.run_id or "cli-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"),
+        run_id=args.run_id or default_run_id(),
         settings=settings,
         reprocess=args.reprocess,
         max_documents=args.max_documents,

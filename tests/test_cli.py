@@ -136,3 +136,55 @@ def test_engine_tuning_flags_reach_the_run(tmp_path: Path, standin: StandinServe
     assert settings["render_workers"] == 2
     assert settings["server"]["adaptive_concurrency"] is False
     assert settings["server"]["max_concurrent_requests"] == 5
+    assert settings["server"]["hedge_requests"] is True
+
+
+def test_hedge_flags_reach_the_run_and_a_hung_page_is_answered_by_its_hedge(
+    tmp_path: Path, standin: StandinServer
+) -> None:
+    # The last page's first request is accepted and never answered; with the floor lowered, its hedge
+    # answers long before the read timeout would.
+    standin.configure(scripts={"1:25": ["hang"]})
+    pdfgen.write_pdf(tmp_path / "in" / "long.pdf", pdfgen.text_pdf(25, doc_id=1))
+    result = cli(
+        "convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, "--run-id", "hedged",
+        "--hedge-min-delay", "0.2", "--hedge-multiple", "2.5", "--read-timeout", "60", "--outage-window", "60",
+        "--ready-timeout", "5", "--max-concurrent-requests", "8",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "out" / "manifests" / "hedged.json").read_text())
+    server = manifest["settings"]["server"]
+    assert (server["hedge_requests"], server["hedge_min_delay_s"], server["hedge_multiple"]) == (True, 0.2, 2.5)
+    assert manifest["counts"]["hedged"] == 1 and manifest["documents"][0]["hedged"] == 1
+    assert manifest["documents"][0]["attempts"] == 25 and manifest["counts"]["fallback_pages"] == 0
+
+    switched_off = cli(
+        "convert", str(tmp_path / "in"), str(tmp_path / "out2"), "--server", standin.url, "--run-id", "off",
+        "--no-hedging", "--max-documents", "1", *FAST,
+    )  # fmt: skip
+    assert switched_off.returncode == 0, switched_off.stderr
+    off = json.loads((tmp_path / "out2" / "manifests" / "off.json").read_text())
+    assert off["settings"]["server"]["hedge_requests"] is False and off["counts"]["hedged"] == 0
+
+
+def test_default_run_ids_are_unique_within_a_second_and_sort_by_start_time() -> None:
+    from datetime import UTC, datetime
+
+    from olmocr_tasks.cli import default_run_id
+
+    same_second = datetime(2026, 12, 1, 1, 2, 3, tzinfo=UTC)
+    ids = {default_run_id(same_second) for _ in range(50)}
+    assert len(ids) == 50
+    assert all(run_id.startswith("cli-20261201T010203Z-") for run_id in ids)
+    later = default_run_id(datetime(2026, 12, 1, 1, 2, 4, tzinfo=UTC))
+    assert max(ids) < later
+
+
+def test_two_cli_runs_without_a_run_id_keep_both_manifests(tmp_path: Path, standin: StandinServer) -> None:
+    pdfgen.write_pdf(tmp_path / "in" / "a.pdf", pdfgen.text_pdf(1, doc_id=1))
+    for _ in range(2):
+        result = cli("convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, *FAST)
+        assert result.returncode == 0, result.stderr
+    manifests = sorted((tmp_path / "out" / "manifests").glob("cli-*.json"))
+    assert len(manifests) == 2
+    assert [json.loads(path.read_text())["counts"]["converted"] for path in manifests] == [1, 0]
