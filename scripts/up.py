@@ -35,6 +35,7 @@ from tests.deployment.harness import (
     ClusterSettings,
     DeploymentError,
     Process,
+    answers,
     start_process,
 )
 
@@ -56,7 +57,7 @@ def _stop_on_signals() -> None:
 
 def start_engine(log_dir: Path) -> Process:
     command = [sys.executable, "-m", "olmocr_tasks.cli", "serve-cpu", "--host", "127.0.0.1", "--port", str(ENGINE_PORT)]
-    engine = start_process("cpu-engine", command, os.environ, log_dir)
+    engine = start_process("cpu-engine", command, os.environ, log_dir, own_group=False)
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -90,7 +91,8 @@ def run_embedded(engine_url: str) -> int:
     env["AIRFLOW__API__PORT"] = str(UI_PORT)
     prepare(env)
     log_dir = AIRFLOW_HOME / "logs"
-    airflow = start_process("standalone", [str(Path(sys.executable).parent / "airflow"), "standalone"], env, log_dir)
+    command = [str(Path(sys.executable).parent / "airflow"), "standalone"]
+    airflow = start_process("standalone", command, env, log_dir, own_group=False)
     print(f"starting airflow standalone (log: {airflow.log.relative_to(ROOT)}) ...", flush=True)
     passwords = AIRFLOW_HOME / "simple_auth_manager_passwords.json.generated"
     try:
@@ -127,6 +129,7 @@ def run_cluster(engine_url: str) -> int:
         database=CLUSTER_DATABASE,
         drop_database=False,
         persistent_secrets=True,
+        attached=True,
     )
     cluster = AirflowCluster(settings)
     print(f"starting the local cluster (logs: {cluster.log_dir.relative_to(ROOT)}/) ...", flush=True)
@@ -151,6 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     _stop_on_signals()
     log_dir = (CLUSTER_DIR if args.cluster else AIRFLOW_HOME) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    for port, what, variable in (
+        (UI_PORT, "the UI", "AIRFLOW__API__PORT"),
+        (ENGINE_PORT, "the CPU engine", "OLMOCR_CPU_ENGINE_PORT"),
+    ):
+        if answers("127.0.0.1", port):
+            print(
+                f"error: 127.0.0.1:{port} ({what}) is already in use: stop what runs there or set {variable}",
+                file=sys.stderr,
+            )
+            return 1
     try:
         engine = start_engine(log_dir)
     except DeploymentError as exc:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import glob
 import json
 import os
@@ -94,11 +95,17 @@ def _tail(path: Path, chars: int = 3000) -> str:
 
 @dataclass
 class Process:
-    """One started command in its own process group (session), its output in ``log``."""
+    """One started command, its output in ``log``.
+
+    ``own_group``: it leads a process group (session) of its own, so it and everything it starts are
+    signalled together; otherwise it stays in its starter's group (a terminal's Ctrl-C reaches it)
+    and is signalled with its descendants one by one.
+    """
 
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    own_group: bool = True
 
     @property
     def alive(self) -> bool:
@@ -111,34 +118,51 @@ class Process:
             return [child.pid for child in psutil.Process(self.popen.pid).children(recursive=True)]
         return []
 
-    def kill(self) -> None:
-        """SIGKILL the whole group and every descendant that left it, as a lost machine would."""
-        stragglers = self.descendants()
+    def _signal(self, signum: int, pids: list[int]) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        for pid in stragglers:
+            if self.own_group:
+                os.killpg(self.popen.pid, signum)
+            else:
+                os.kill(self.popen.pid, signum)
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL it, its group and every descendant that left it, as a lost machine would."""
+        self._signal(signal.SIGKILL, self.descendants())
         self.popen.wait()
 
     def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM the group, then SIGKILL whatever is left of it after ``timeout``."""
+        """SIGTERM it (and its group), then SIGKILL whatever is left after ``timeout``."""
         if self.alive:
             stragglers = self.descendants()
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
+            self._signal(signal.SIGTERM, [] if self.own_group else stragglers)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=timeout)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            for pid in stragglers:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+            self._signal(signal.SIGKILL, stragglers)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=5)
 
 
-def start_process(name: str, command: list[str], env: Mapping[str, str], log_dir: Path) -> Process:
+def _die_with_parent() -> None:
+    # Runs in the child before exec (Linux): SIGTERM when the process that started it dies, even by
+    # SIGKILL, so nothing outlives an interactive `make up`.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def start_process(
+    name: str, command: list[str], env: Mapping[str, str], log_dir: Path, *, own_group: bool = True
+) -> Process:
+    """Start ``command`` with its output in ``log_dir/<name>.log``.
+
+    ``own_group`` False keeps it in the caller's process group and ends it when the caller dies (for
+    the interactive ``make up``; not used under pytest, whose threads make a pre-exec hook unsafe).
+    """
     log = log_dir / f"{name}.log"
     with open(log, "ab") as output:
         popen = subprocess.Popen(
@@ -148,9 +172,10 @@ def start_process(name: str, command: list[str], env: Mapping[str, str], log_dir
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=own_group,
+            preexec_fn=None if own_group or sys.platform != "linux" else _die_with_parent,
         )
-    return Process(name, popen, log)
+    return Process(name, popen, log, own_group)
 
 
 def _as_postgres_user(command: list[str]) -> list[str]:
@@ -319,6 +344,9 @@ class ClusterSettings:
     # Keep the fernet key, JWT secret and admin password in work_dir/secrets.json across starts
     # (a kept database needs the same fernet key; users keep their login).
     persistent_secrets: bool = False
+    # Components stay in the starter's process group and die with it (an interactive `make
+    # up-cluster`); the tests keep each in a group of its own, so one worker can be killed alone.
+    attached: bool = False
 
 
 class AirflowCluster:
@@ -475,7 +503,9 @@ class AirflowCluster:
 
     def _launch(self, name: str, args: list[str], **extra_env: str) -> Process:
         command = [str(Path(sys.executable).parent / "airflow"), *args]
-        process = start_process(name, command, {**self.env(), **extra_env}, self.log_dir)
+        process = start_process(
+            name, command, {**self.env(), **extra_env}, self.log_dir, own_group=not self.settings.attached
+        )
         self.processes[name] = process
         return process
 
