@@ -68,6 +68,8 @@ print(json.dumps({
     assert report["hooks"]["olmocr_vllm"] == "olmocr_tasks.provider.hooks.VllmHook"
     assert "olmocr_vllm" in report["behaviours"]
     assert {"extra__olmocr_vllm__model", "extra__olmocr_vllm__replicas"} <= set(report["widgets"])
+    hedging = {f"extra__olmocr_vllm__{name}" for name in ("hedge_requests", "hedge_min_delay_s", "hedge_multiple")}
+    assert hedging <= set(report["widgets"])
 
 
 # ------------------------------------------------------------------------------- run resolution
