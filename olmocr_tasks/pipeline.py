@@ -227,6 +227,12 @@ async def convert_sources(
             return await engine.convert_all(sources)
 
 
+@dataclass(frozen=True)
+class BatchResult:
+    summary: dict[str, Any]  # small, for XCom
+    entries: list[DocumentEntry]  # every document of the batch with its final outcome (for lineage)
+
+
 def convert_batch(
     request: RunRequest,
     storage: Storage,
@@ -238,7 +244,31 @@ def convert_batch(
     task_context: dict[str, Any] | None = None,
     progress_stream: TextIO | None = None,
 ) -> dict[str, Any]:
-    """Convert one batch as attempt ``try_number``; returns a small summary for XCom.
+    """Convert one batch as attempt ``try_number``; returns a small summary for XCom (``convert_batch_result``)."""
+    return convert_batch_result(
+        request,
+        storage,
+        batch_key,
+        sources,
+        folder=folder,
+        try_number=try_number,
+        task_context=task_context,
+        progress_stream=progress_stream,
+    ).summary
+
+
+def convert_batch_result(
+    request: RunRequest,
+    storage: Storage,
+    batch_key: str,
+    sources: Sequence[SourceDocument],
+    *,
+    folder: RunFolder | None = None,
+    try_number: int | None = None,
+    task_context: dict[str, Any] | None = None,
+    progress_stream: TextIO | None = None,
+) -> BatchResult:
+    """Convert one batch as attempt ``try_number``; returns its summary and its documents' entries.
 
     The attempt first carries forward what the batch's earlier attempts finished, so a retried or
     resumed batch reports every document with its real outcome (a document converted by attempt 1
@@ -276,7 +306,8 @@ def convert_batch(
     by_source = finished | {entry.source: entry for entry in converted}
     entries = [by_source[source.uri] for source in sources if source.uri in by_source]
     uri = attempt.write_part(entries)
-    return count_entries(entries) | {"part": uri, "batch": batch_key, "try_number": attempt.try_number}
+    summary = count_entries(entries) | {"part": uri, "batch": batch_key, "try_number": attempt.try_number}
+    return BatchResult(summary, entries)
 
 
 def convert_time_limit(pages: int, documents: int, settings: ConversionSettings) -> timedelta:

@@ -1,6 +1,7 @@
 """OpenLineage: the objects a run read and wrote, under OpenLineage's standard dataset names.
 
-The naming is checked on its own (``olmocr_tasks.lineage``); then manifests of two real CLI runs (local
+The naming is checked on its own (``olmocr_tasks.lineage``); a real ``olmocr_ingest`` run on local folders
+reports its PDFs, outputs and manifest through the file transport; and manifests of two real CLI runs (local
 folders, and S3 on moto) feed a DAG whose mapped convert instances and publish task report through
 ``olmocr_tasks.provider.lineage``, run with ``dag.test()`` and the OpenLineage provider's file
 transport, and the emitted events are read back.
@@ -9,6 +10,7 @@ transport, and the emitted events are read back.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import textwrap
 from pathlib import Path
@@ -18,6 +20,7 @@ import boto3
 import pytest
 
 from olmocr_tasks.lineage import Lineage, asset_uri, batch_lineage, manifest_lineage
+from olmocr_tasks.uri import local_path
 from tests import pdfgen
 from tests.airflow_env import AirflowEnv
 from tests.reliability_checks import run_cli
@@ -185,3 +188,47 @@ def test_convert_instances_and_publish_emit_their_datasets(
     assert s3_in <= _datasets(complete[("convert", 1)], "inputs")
     assert s3_out <= _datasets(complete[("convert", 1)], "outputs")
     assert (s3_ns, "out/manifests/s.json") in _datasets(complete[("publish", None)], "outputs")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ingest_run_reports_its_pdfs_outputs_and_manifest(airflow_env: AirflowEnv, tmp_path: Path) -> None:
+    inbox, output = tmp_path / "in", tmp_path / "out"
+    pdfgen.write_pdf(inbox / "one.pdf", pdfgen.text_pdf(1, doc_id=3))
+    pdfgen.write_pdf(inbox / "sub" / "two.pdf", pdfgen.text_pdf(2, doc_id=4))
+    (inbox / "broken.pdf").write_bytes(pdfgen.not_a_pdf())
+    events_file = tmp_path / "openlineage.jsonl"
+    airflow = airflow_env.with_env(
+        AIRFLOW__OPENLINEAGE__TRANSPORT=json.dumps({"type": "file", "log_file_path": str(events_file), "append": True}),
+        AIRFLOW__OPENLINEAGE__NAMESPACE="olmocr-test",
+    )
+    conf = {"input_uri": str(inbox), "output_uri": str(output), "max_document_error_rate": 1.0}
+    result = airflow.dag_test("olmocr_ingest", conf=conf)
+    assert result.succeeded, result.tail()
+    (manifest_path,) = (output / "manifests").glob("olmocr_ingest__*.json")
+    documents = json.loads(manifest_path.read_text())["documents"]
+    assert sorted(doc["status"] for doc in documents) == ["converted", "converted", "failed"]
+
+    complete: dict[str, list[dict[str, Any]]] = {}
+    for event in _events(events_file):
+        if event["eventType"] == "COMPLETE" and event["job"]["name"].startswith("olmocr_ingest."):
+            complete.setdefault(event["job"]["name"].split(".", 1)[1], []).append(event)
+    assert {"convert", "publish_manifest"} <= set(complete), sorted(complete)
+    converted_in = set().union(*(_datasets(event, "inputs") for event in complete["convert"]))
+    converted_out = set().union(*(_datasets(event, "outputs") for event in complete["convert"]))
+
+    local_ns = f"file://{HOST}"
+    # Every PDF the run read, the failed one too; the Dolma and markdown objects of those it converted.
+    assert {(local_ns, str(path)) for path in (inbox / "one.pdf", inbox / "sub" / "two.pdf", inbox / "broken.pdf")} <= (
+        converted_in
+    )
+    written = {
+        (local_ns, os.path.abspath(local_path(doc["outputs"][kind])))
+        for doc in documents
+        if doc["status"] == "converted"
+        for kind in ("dolma", "markdown")
+    }
+    assert len(written) == 4 and written <= converted_out
+    assert {Path(name).suffix for _, name in written} == {".jsonl", ".md"}
+    (published,) = complete["publish_manifest"]
+    assert (local_ns, str(manifest_path)) in _datasets(published, "outputs")

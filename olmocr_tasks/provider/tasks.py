@@ -52,7 +52,7 @@ from olmocr_tasks.errors import ConfigurationError, ServerMisconfigured
 from olmocr_tasks.pipeline import (
     RunRequest,
     build_manifest,
-    convert_batch,
+    convert_batch_result,
     convert_time_limit,
     plan_run,
     publish_manifest,
@@ -60,6 +60,7 @@ from olmocr_tasks.pipeline import (
 )
 from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.hooks import VllmHook, storage_for
+from olmocr_tasks.provider.lineage import report_converted, report_published
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
 from olmocr_tasks.provider.params import SCOPES
 from olmocr_tasks.provider.retries import INFRASTRUCTURE_RETRIES
@@ -343,7 +344,7 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
     sources = request.run_folder(storage_for([request.output_uri]), batch["plan"]).read_batch(batch["batch"])
     storage = storage_for([request.input_uri, request.output_uri, *(source.uri for source in sources)])
     try:
-        summary = convert_batch(
+        result = convert_batch_result(
             request,
             storage,
             batch["batch"],
@@ -357,6 +358,9 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
         # A 401/403 (key revoked or rotated mid-run) or a server that stopped serving the model:
         # Airflow retries would fail the same way, so the task fails now, saying why.
         raise AirflowFailException(f"the inference server rejected this task: {exc}") from None
+    summary = result.summary
+    # The documents it read and the objects it wrote, to OpenLineage (when its provider is installed).
+    report_converted(result.entries)
     log.info("batch %s (%s): %s", batch["batch"], batch.get("label"), summary)
     emit_metrics(summary)
     return summary
@@ -406,6 +410,7 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
     verdict = manifest.judge_error_budget(float(context["params"].get("max_document_error_rate", 0.05)))
     manifest.airflow_run = airflow_run_record(context)
     uri = publish_manifest(manifest, storage)
+    report_published(uri)
     summary: dict[str, Any] = {
         "manifest": uri,
         "run_id": manifest.run_id,
