@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import MODEL, RESULTS_DIR, SERVER_BOUND, fresh_dir, standin
-from bench.corpus import CORPUS_ROOT, Corpus, _load_or_build, mixed_corpus
+from bench.corpus import CORPUS_ROOT, Corpus, mixed_corpus
 from bench.run_cli import manifest_check, measure_cli
 from olmocr_tasks.manifest import manifest_uri
 
@@ -36,9 +36,20 @@ DAG_ID = "olmocr_ingest"
 
 
 def small_documents(count: int = 500) -> Corpus:
-    """``count`` documents of 1 or 2 pages (alternating), cached like the other corpora."""
-    documents = [(f"small{index:04d}.pdf", 1 + index % 2, 24) for index in range(count)]
-    return _load_or_build(CORPUS_ROOT / f"small-{count}", documents)
+    """``count`` documents of 1 or 2 pages (alternating), cached under bench/results/corpus/.
+
+    The page marker holds at most 250 document ids; the stand-in does not read it here
+    (``identify=False``), so ids repeat.
+    """
+    from tests.pdfgen import text_pdf
+
+    folder = CORPUS_ROOT / f"small-{count}"
+    documents = tuple((f"small{index:04d}.pdf", 1 + index % 2) for index in range(count))
+    if not all((folder / name).is_file() for name, _ in documents):
+        folder.mkdir(parents=True, exist_ok=True)
+        for index, (name, pages) in enumerate(documents):
+            (folder / name).write_bytes(text_pdf(pages, 1 + index % 250, body_lines=24))
+    return Corpus(folder, documents)
 
 
 def _seconds(start: str | None, end: str | None) -> float | None:
@@ -108,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
             # The benchmark reads and writes its own local folders.
             "OLMOCR_ALLOWED_INPUTS": "*",
             "OLMOCR_ALLOWED_OUTPUTS": "*",
+            # The hourly scheduled runs of the unpaused DAG find nothing here and cost little.
+            "OLMOCR_INPUT_URI": str(fresh_dir(work / "scheduled-input")),
+            "OLMOCR_OUTPUT_URI": str(work / "scheduled-output"),
         }
         cluster = AirflowCluster(ClusterSettings(work_dir=work / "cluster", pool_slots=4, env=env))
         try:
