@@ -77,7 +77,7 @@ def test_dagbag_imports_every_dag_without_errors(tmp_path: Path, configured: boo
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["errors"] == {}
-    assert report["dags"] == ["olmocr_ingest", "olmocr_s3_events"]
+    assert report["dags"] == ["olmocr_ingest", "olmocr_maintenance", "olmocr_s3_events"]
     assert report["trigger"] == "SqsSensorTrigger"
     if configured:
         assert report["schedule"] == "*/15 * * * *"
