@@ -243,32 +243,8 @@ def convert_batch(
     try_number: int | None = None,
     task_context: dict[str, Any] | None = None,
     progress_stream: TextIO | None = None,
-) -> dict[str, Any]:
-    """Convert one batch as attempt ``try_number``; returns a small summary for XCom (``convert_batch_result``)."""
-    return convert_batch_result(
-        request,
-        storage,
-        batch_key,
-        sources,
-        folder=folder,
-        try_number=try_number,
-        task_context=task_context,
-        progress_stream=progress_stream,
-    ).summary
-
-
-def convert_batch_result(
-    request: RunRequest,
-    storage: Storage,
-    batch_key: str,
-    sources: Sequence[SourceDocument],
-    *,
-    folder: RunFolder | None = None,
-    try_number: int | None = None,
-    task_context: dict[str, Any] | None = None,
-    progress_stream: TextIO | None = None,
 ) -> BatchResult:
-    """Convert one batch as attempt ``try_number``; returns its summary and its documents' entries.
+    """Convert one batch as attempt ``try_number``; returns its summary (for XCom) and its documents' entries.
 
     The attempt first carries forward what the batch's earlier attempts finished, so a retried or
     resumed batch reports every document with its real outcome (a document converted by attempt 1

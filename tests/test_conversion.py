@@ -298,7 +298,7 @@ def test_a_batch_that_dies_part_way_reports_what_it_converted_and_its_retry_repo
     }
 
     standin.configure(always={f"3:{page}": None for page in range(1, 5)})
-    summary = convert_batch(request, storage, "b0", sources, try_number=2)  # Airflow's retry
+    summary = convert_batch(request, storage, "b0", sources, try_number=2).summary  # Airflow's retry
     manifest = build_manifest(request, plan, folder.collect())
 
     docs = by_name(manifest)

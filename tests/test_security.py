@@ -147,7 +147,7 @@ def test_canary_secrets_appear_nowhere_a_run_leaves_anything(
     storage = Storage()
     folder = request.run_folder(storage)
     folder.write_plan(plan_run(request, storage))
-    xcom = convert_batch(request, storage, "b0", folder.read_plan().sources)
+    xcom = convert_batch(request, storage, "b0", folder.read_plan().sources).summary
     manifest = build_manifest(request, folder.read_plan(), folder.collect())
     publish_manifest(manifest, storage)
     outputs["XCom of the batch"] = json.dumps(xcom)

@@ -52,7 +52,7 @@ from olmocr_tasks.errors import ConfigurationError, ServerMisconfigured
 from olmocr_tasks.pipeline import (
     RunRequest,
     build_manifest,
-    convert_batch_result,
+    convert_batch,
     convert_time_limit,
     plan_run,
     publish_manifest,
@@ -344,7 +344,7 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
     sources = request.run_folder(storage_for([request.output_uri]), batch["plan"]).read_batch(batch["batch"])
     storage = storage_for([request.input_uri, request.output_uri, *(source.uri for source in sources)])
     try:
-        result = convert_batch_result(
+        result = convert_batch(
             request,
             storage,
             batch["batch"],
