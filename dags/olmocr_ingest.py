@@ -14,6 +14,10 @@ Configuration (environment, read when the DAG is parsed): ``OLMOCR_SCHEDULE`` (c
 ``OLMOCR_MAX_ACTIVE_RUNS`` (default 2), ``OLMOCR_START_DATE`` (first interval for backfills, default
 2024-01-01), ``OLMOCR_INPUT_URI`` / ``OLMOCR_OUTPUT_URI`` (Param defaults). Connections:
 ``olmocr_vllm`` (server) and ``aws_default`` (S3, ``endpoint_url`` extra for MinIO and test servers).
+Read when a task runs: ``OLMOCR_SERVER_READY_TIMEOUT`` (seconds ``check_server`` waits, deferred in the
+triggerer, for a starting vLLM; default 1800). A failed run is reported through the notifier the
+Airflow Variable ``olmocr_failure_notifier`` names (``olmocr_tasks.provider.notifications``); with
+``apache-airflow-providers-openlineage`` configured, convert and publish report their datasets.
 """
 
 from __future__ import annotations

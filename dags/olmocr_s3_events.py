@@ -13,7 +13,8 @@ empty polls, default 30); ``OLMOCR_SQS_CONN_ID`` (AWS connection for the queue, 
 set it when ``aws_default`` points its ``endpoint_url`` at MinIO); ``OLMOCR_INPUT_URI`` (outputs
 mirror keys relative to it) and ``OLMOCR_OUTPUT_URI``. The watcher polls only while this DAG is
 unpaused. SQS messages are deleted when received, so the scheduled ``olmocr_ingest`` DAG remains the
-reconciliation path.
+reconciliation path. ``OLMOCR_SERVER_READY_TIMEOUT``, the failure notifier and OpenLineage work as
+in ``olmocr_ingest``.
 """
 
 from __future__ import annotations
