@@ -38,17 +38,18 @@ DAG_ID = "olmocr_ingest"
 def small_documents(count: int = 500) -> Corpus:
     """``count`` documents of 1 or 2 pages (alternating), cached under bench/results/corpus/.
 
-    The page marker holds at most 250 document ids; the stand-in does not read it here
-    (``identify=False``), so ids repeat.
+    The page marker holds at most 250 document ids and the stand-in does not read it here
+    (``identify=False``), so ids repeat; the body text length differs instead, so that no two files
+    are equal (identical bytes would be converted once and the copies skipped as duplicates).
     """
     from tests.pdfgen import text_pdf
 
-    folder = CORPUS_ROOT / f"small-{count}"
+    folder = CORPUS_ROOT / f"small-{count}-distinct"
     documents = tuple((f"small{index:04d}.pdf", 1 + index % 2) for index in range(count))
     if not all((folder / name).is_file() for name, _ in documents):
         folder.mkdir(parents=True, exist_ok=True)
         for index, (name, pages) in enumerate(documents):
-            (folder / name).write_bytes(text_pdf(pages, 1 + index % 250, body_lines=24))
+            (folder / name).write_bytes(text_pdf(pages, 1 + index % 250, body_lines=20 + index // 250))
     return Corpus(folder, documents)
 
 
