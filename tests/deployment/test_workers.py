@@ -1,9 +1,9 @@
 """Convert instances on two Celery workers: spread over both, bounded by the pool, and surviving a lost worker.
 
 Each worker has 2 slots (4 in all) and the ``olmocr_vllm`` pool 3, so the pool, not the workers, is
-what bounds concurrent convert instances, and whenever 3 run, both workers run one. Documents over
-2 MiB get a convert instance each. The stand-in answers slowly enough (and each instance sends one
-page at a time) that instances overlap.
+what bounds concurrent convert instances, and whenever 3 run, both workers run one. The documents
+are large (over 2 MiB, several pages), so the run maps several convert instances. The stand-in
+answers slowly enough (and each instance sends one page at a time) that instances overlap.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def test_convert_instances_run_on_both_workers_and_never_beyond_the_pool(
 
     assert deployment.api.dag_run(DAG, run_id)["state"] == "success"
     instances = [ti for ti in deployment.api.task_instances(DAG, run_id) if ti["task_id"] == "convert"]
-    assert len(instances) == len(doc_ids), "one convert instance per large document"
+    assert len(instances) > 1, "the run mapped a single convert instance: nothing to spread"
     assert {ti["hostname"] for ti in instances} == set(deployment.cluster.worker_names())
     assert most <= slots, f"{most} convert instances ran at once in a pool of {slots}"
     assert most > 1, "the sampling never saw instances overlap: it proves nothing about the pool"
