@@ -27,6 +27,7 @@ import hashlib
 import json
 import re
 import secrets
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -147,6 +148,19 @@ class RunFolder:
     def read_plan_or_none(self) -> RunPlan | None:
         raw = self.storage.read_bytes_or_none(join_uri(self.uri, PLAN_FILE))
         return None if raw is None else RunPlan.from_dict(json.loads(raw))
+
+    def earlier_batch_count(self) -> int:
+        """How many batches the largest earlier planning of this run wrote (0 when none is left).
+
+        A cleared Airflow run maps ``convert`` again, but Airflow 3.3 marks the instances beyond the
+        previous pass's length REMOVED (judged before plan runs again) and never brings them back when
+        the new plan is longer: plan pads to this count so a pass never maps fewer than the last.
+        """
+        counts: Counter[str] = Counter()
+        for info in self.storage.list_objects(self.run_uri + "/"):
+            if f"/{BATCHES_DIR}/" in info.uri:
+                counts[info.uri.rsplit(f"/{BATCHES_DIR}/", 1)[0]] += 1
+        return max(counts.values(), default=0)
 
     def clear_earlier_attempt(self) -> None:
         """Remove what earlier plannings of this run left (other plan ids, and this one's own files).

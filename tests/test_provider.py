@@ -461,8 +461,13 @@ class _Outlets(dict):
 class _RunTasks:
     """The task bodies of one DAG run called in order in this process, as the worker calls them."""
 
-    def __init__(self, params: dict[str, Any], run_type: str = "manual") -> None:
-        self.params, self.run_type = params, run_type
+    def __init__(
+        self,
+        params: dict[str, Any],
+        run_type: str = "manual",
+        interval: tuple[datetime | None, datetime | None] = (None, None),
+    ) -> None:
+        self.params, self.run_type, self.interval = params, run_type, interval
         self.xcom: dict[tuple[str, str], Any] = {}
         self.outlets = _Outlets()
 
@@ -476,7 +481,7 @@ class _RunTasks:
             xcom_push=lambda key, value: self.xcom.__setitem__((task_id, key), value),
             xcom_pull=lambda task_ids, key="return_value": self.xcom.get((task_ids, key)),
         )
-        return context(self.params, run_type=self.run_type, ti=ti, outlet_events=self.outlets)
+        return context(self.params, run_type=self.run_type, interval=self.interval, ti=ti, outlet_events=self.outlets)
 
     def plan(self) -> list[dict[str, Any]]:
         self.xcom["plan", "return_value"] = tasks.plan_body(self.ctx("plan"))
@@ -524,11 +529,43 @@ def test_a_retried_convert_task_reports_its_batch_and_only_runs_that_converted_a
     assert asset == tasks.OUTPUTS_ASSET and extra["converted"] == 2 and extra["manifest"] == summary["manifest"]
 
     nothing_new = _RunTasks(run.params, run_type="scheduled")
-    assert nothing_new.plan() == []
+    # Nothing to convert is still one (empty) batch: a mapped task expanded to nothing is skipped,
+    # and Airflow does not map it again when such a run is cleared.
+    (empty,) = nothing_new.plan()
+    assert (empty["documents"], empty["label"]) == (0, "nothing to convert")
+    no_op = tasks.convert_body(nothing_new.ctx("convert", map_index=0), empty)
+    assert (no_op["converted"], no_op["failed"], no_op["pages"]) == (0, 0, 0)
     published = nothing_new.publish()
     assert published["converted"] == 0 and published["already_converted"] == 2
     assert Path(published["manifest"]).is_file()
     assert nothing_new.outlets[tasks.OUTPUTS_ALIAS].added == []
+
+
+def test_a_cleared_run_never_maps_fewer_convert_instances_than_its_previous_pass(
+    tmp_path: Path, standin_conn: StandinServer
+) -> None:
+    # Airflow 3.3 marks a cleared run's convert instances beyond the previous pass's length REMOVED and
+    # never maps them again: a pass shorter than the last would strand the batches of a later, longer one.
+    from tests import pdfgen
+
+    for doc_id in (1, 2, 3):
+        pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(1, doc_id=doc_id))
+    params = {"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out"), "batch_pages": 1}
+    run = _RunTasks(params)
+    first = run.plan()
+    assert [batch["documents"] for batch in first] == [1, 1, 1]
+    for index, batch in enumerate(first):
+        tasks.convert_body(run.ctx("convert", map_index=index), batch)
+    run.publish()
+    # The run is cleared and planned again: nothing is left to convert, yet it maps as many instances.
+    again = run.plan()
+    assert [batch["documents"] for batch in again] == [0, 0, 0]
+    assert len({batch["plan"] for batch in again} | {batch["plan"] for batch in first}) == 2
+    assert run.xcom["plan", tasks.PLAN_ID_XCOM] == again[0]["plan"]
+    for index, batch in enumerate(again):
+        assert tasks.convert_body(run.ctx("convert", try_number=2, map_index=index), batch)["converted"] == 0
+    published = run.publish()
+    assert (published["converted"], published["already_converted"]) == (0, 3)
 
 
 def test_a_rejected_api_key_fails_the_convert_task_without_retries(tmp_path: Path, standin_conn: StandinServer) -> None:
@@ -550,7 +587,7 @@ def test_plan_refuses_a_server_that_reports_another_model(tmp_path: Path, standi
     with pytest.raises(AirflowFailException, match="reports olmocr-cpu-tesseract, not the connection's model"):
         run.plan()
     run.xcom["check_server", "return_value"] = [standin_conn.model]
-    assert run.plan() == []
+    assert [batch["documents"] for batch in run.plan()] == [0]
 
 
 def test_each_convert_instance_gets_a_time_limit_from_its_pages_and_the_request_timeouts() -> None:

@@ -5,6 +5,7 @@ Params live in ``provider.params``; connections (vLLM, AWS → storage options) 
 The DAG files only choose a schedule and call ``conversion_flow``::
 
     check_server ─► plan ─► convert[batch…] ─► publish_manifest ─► enforce_error_budget
+                      └───────────────────────────────►┘
 
 * ``check_server`` (``CheckVllmServerOperator``) asks the ``olmocr_vllm`` connection's server whether it
   serves the model; while the server starts it waits in the triggerer (no worker slot), up to
@@ -14,9 +15,11 @@ The DAG files only choose a schedule and call ``conversion_flow``::
   batch in the run folder (``olmocr_tasks.runs``), and returns batch descriptors
   (``{"plan": "p1-3f9c0a2e", "batch": "b00012", "label": "inbox/report.pdf", "documents": 1}``).
 * ``convert`` is mapped over the descriptors; each instance converts its batch and writes a part file.
-* ``publish_manifest`` (``all_done``) merges plan and parts into the run manifest, even when some
-  batches failed, judges the run's error budget into it, and emits an event on ``OUTPUTS_ASSET``
-  when it converted anything.
+  A plan never maps fewer instances than one, nor than the run's previous pass (a cleared run):
+  empty batches fill the gap (see ``plan_body``).
+* ``publish_manifest`` (``all_done``, downstream of ``plan`` and ``convert``) merges this pass's plan
+  and parts into the run manifest, even when some batches failed, judges the run's error budget into
+  it, and emits an event on ``OUTPUTS_ASSET`` when it converted anything.
 * ``enforce_error_budget`` (``all_done``, the only leaf) fails the run when the published verdict says
   the budget was exceeded (too many documents failed, a batch never reported) or when no manifest was
   published, so a bad run is red.
@@ -255,6 +258,8 @@ def batch_label(sources: Sequence[SourceDocument], input_uri: str) -> str:
             return uri[len(base) + 1 :]
         return uri.split("://", 1)[-1].split("/", 1)[-1] if is_s3(uri) else uri.rsplit("/", 1)[-1]
 
+    if not sources:
+        return "nothing to convert"
     if len(sources) == 1:
         label = name(sources[0])
     else:
@@ -287,11 +292,15 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
     # A fresh plan id per planning: a cleared and re-run DAG run plans again, and nothing a task of the
     # earlier plan still writes can reach this plan's manifest.
     folder = request.run_folder(storage, new_plan_id(f"p{context['ti'].try_number}"))
+    earlier_batches = folder.earlier_batch_count()
     folder.clear_earlier_attempt()
     plan = plan_run(request, storage)
     folder.write_plan(plan)
-    context["ti"].xcom_push(key=PLAN_ID_XCOM, value=folder.plan_id)
     batches = pack_batches(plan.sources, rule)
+    # Padded with empty batches (no-op convert instances, an empty part file each) to at least one and
+    # to the previous pass's count: Airflow 3.3 does not map a cleared run's ``convert`` beyond the
+    # previous pass's length, so a shorter pass would strand a later, longer one's batches.
+    batches += [[] for _ in range(max(1, earlier_batches) - len(batches))]
     descriptors = [
         {
             "plan": folder.plan_id,
@@ -311,6 +320,9 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
     # One object per batch so a convert task reads only its own sources, not the whole plan.
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(write, zip(descriptors, batches, strict=True)))
+    # Last, once the plan and every batch are written: publish_manifest reads only a complete plan,
+    # and only this pass's (a cleared run's plan clears its XCom when it starts again).
+    context["ti"].xcom_push(key=PLAN_ID_XCOM, value=folder.plan_id)
     window = (
         f"modified in ({request.modified_after.isoformat()}, {request.modified_until.isoformat()}]"
         if request.modified_after and request.modified_until
@@ -325,7 +337,7 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
         window,
         len(plan.sources),
         plan.redriven,
-        len(batches),
+        sum(1 for batch in batches if batch),
         plan.already_converted,
         len(plan.dead_letters),
         len(plan.unavailable),
@@ -515,5 +527,8 @@ def conversion_flow(event_asset: str | None = None) -> XComArg:
     published = publish_manifest_task.override(task_id="publish_manifest")()
     budget = enforce_error_budget()
     server >> batches
+    # publish also waits for plan itself: with only convert upstream, a cleared run whose convert
+    # had mapped to nothing published the previous pass's plan before plan ran again.
+    batches >> published
     converted >> published >> budget
     return budget
