@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -30,7 +31,7 @@ from olmocr_tasks.provider import params as dag_params
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
 from olmocr_tasks.provider.triggers import VllmReadyTrigger
 from olmocr_tasks.runs import SourceDocument
-from olmocr_tasks.storage import ObjectInfo
+from olmocr_tasks.storage import ObjectInfo, Storage
 from tests.airflow_env import REPO_ROOT, aws_connection, base_env
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
 from tests.standin.server import StandinServer
@@ -80,12 +81,15 @@ print(json.dumps({
     [
         # One interval of lookback by default: late and multipart uploads are seen by the next run.
         ("auto", "scheduled", (H, H1), (H0, H1)),
-        ("auto", "backfill", (H, H1), (H0, H1)),
+        ("interval", "scheduled", (H, H1), (H0, H1)),
+        # Only scheduled runs look back: a backfill lists after the fact, and its runs of adjacent
+        # intervals run at once (overlapping windows would convert one PDF twice).
+        ("auto", "backfill", (H, H1), (H, H1)),
         ("auto", "manual", (H, H1), (None, None)),
         ("auto", "asset_triggered", (None, None), (None, None)),
         ("auto", "manual", (None, None), (None, None)),
         ("auto", "scheduled", (H, H), (None, None)),
-        ("interval", "manual", (H, H1), (H0, H1)),
+        ("interval", "manual", (H, H1), (H, H1)),
         ("all", "scheduled", (H, H1), (None, None)),
     ],
 )
@@ -96,6 +100,7 @@ def test_resolve_window(scope: str, run_type: str, interval: tuple[Any, Any], ex
 def test_the_lookback_is_counted_in_intervals() -> None:
     assert tasks.resolve_window("auto", "scheduled", H, H1, 0) == (H, H1)
     assert tasks.resolve_window("auto", "scheduled", H, H1, 2.5) == (H0 - (H1 - H) * 1.5, H1)
+    assert tasks.resolve_window("auto", "backfill", H, H1, 2.5) == (H, H1)
 
 
 @pytest.mark.parametrize("interval", [(None, None), (H, H)])
@@ -566,6 +571,32 @@ def test_a_cleared_run_never_maps_fewer_convert_instances_than_its_previous_pass
         assert tasks.convert_body(run.ctx("convert", try_number=2, map_index=index), batch)["converted"] == 0
     published = run.publish()
     assert (published["converted"], published["already_converted"]) == (0, 3)
+
+
+def test_backfill_runs_plan_only_their_own_interval_and_scheduled_runs_look_back(
+    tmp_path: Path, standin_conn: StandinServer
+) -> None:
+    from tests import pdfgen
+
+    inbox = tmp_path / "in"
+    for name, modified in (("first.pdf", H0 + timedelta(minutes=30)), ("second.pdf", H + timedelta(minutes=30))):
+        pdfgen.write_pdf(inbox / name, pdfgen.text_pdf(1, doc_id=len(name)))
+        os.utime(inbox / name, (modified.timestamp(), modified.timestamp()))
+    params = {"input_uri": str(inbox), "output_uri": str(tmp_path / "out"), "lookback_intervals": 1}
+
+    def planned(run_type: str, interval: tuple[datetime, datetime]) -> list[str]:
+        run = _RunTasks(params, run_type=run_type, interval=interval)
+        run.plan()
+        plan_id = run.xcom["plan", tasks.PLAN_ID_XCOM]
+        request = tasks.build_request(run.ctx("publish_manifest"))
+        plan = request.run_folder(Storage(), plan_id).read_plan()
+        return sorted(Path(source.uri).name for source in plan.sources)
+
+    # Backfill runs of adjacent intervals run at the same time: each lists only its own interval.
+    assert planned("backfill", (H0, H)) == ["first.pdf"]
+    assert planned("backfill", (H, H1)) == ["second.pdf"]
+    # A scheduled run also lists the interval before its own (a late upload the last run missed).
+    assert planned("scheduled", (H, H1)) == ["first.pdf", "second.pdf"]
 
 
 def test_a_rejected_api_key_fails_the_convert_task_without_retries(tmp_path: Path, standin_conn: StandinServer) -> None:

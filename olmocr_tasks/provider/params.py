@@ -68,9 +68,10 @@ def ingest_params() -> dict[str, Param]:
             minimum=0,
             title="Lookback (intervals)",
             description=(
-                "Scheduled and backfill runs also list PDFs modified this many intervals before their own, "
-                "so late and multipart uploads (S3 dates them when the upload started) are not missed; "
-                "already converted ones cost nothing (default: OLMOCR_LOOKBACK_INTERVALS or 1)."
+                "Scheduled runs also list PDFs modified this many intervals before their own, so late and "
+                "multipart uploads (S3 dates them when the upload started) are not missed; already converted "
+                "ones cost nothing (default: OLMOCR_LOOKBACK_INTERVALS or 1). Backfill runs do not look back: "
+                "they list past intervals after the fact, and adjacent ones run at once."
             ),
             section="What to convert",
         ),

@@ -101,27 +101,28 @@ def resolve_window(
     """The LastModified window discovery uses: ``(start, end]``, or ``(None, None)`` for everything.
 
     ``auto`` uses the data interval only for scheduled and backfill runs: manual, REST and asset runs
-    either have no interval (``logical_date`` None) or one the user did not choose. The window opens
-    ``lookback_intervals`` intervals early: an object listed after its own interval's run finished
-    (a late or multipart upload) is still seen by the next run.
+    either have no interval (``logical_date`` None) or one the user did not choose. A scheduled run's
+    window opens ``lookback_intervals`` intervals early: an object listed after its own interval's run
+    finished (a late or multipart upload) is still seen by the next run. Only scheduled runs look back:
+    any other run lists its interval after the fact, when late uploads are already listed, and backfill
+    runs of adjacent intervals run at once, so overlapping windows would convert one PDF twice.
     """
     if scope not in SCOPES:
         raise ConfigurationError(f"scope must be one of {', '.join(SCOPES)}, not {scope!r}")
     has_interval = start is not None and end is not None and end > start
     if scope == "all":
         return None, None
-    if scope == "interval":
-        if not has_interval:
-            raise ConfigurationError(
-                "scope 'interval' needs a data interval, and this run has none "
-                "(runs triggered by an asset or by the REST API without a logical date have none)"
-            )
-        assert start is not None and end is not None
-        return start - (end - start) * lookback_intervals, end
-    if _value(run_type) in _INTERVAL_RUN_TYPES and has_interval:
-        assert start is not None and end is not None
-        return start - (end - start) * lookback_intervals, end
-    return None, None
+    if scope == "interval" and not has_interval:
+        raise ConfigurationError(
+            "scope 'interval' needs a data interval, and this run has none "
+            "(runs triggered by an asset or by the REST API without a logical date have none)"
+        )
+    if scope == "auto" and not (_value(run_type) in _INTERVAL_RUN_TYPES and has_interval):
+        return None, None
+    assert start is not None and end is not None
+    if _value(run_type) != "scheduled":
+        return start, end
+    return start - (end - start) * lookback_intervals, end
 
 
 def airflow_run_id(context: Mapping[str, Any]) -> str:

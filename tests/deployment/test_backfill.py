@@ -2,9 +2,10 @@
 
 The PDFs are placed in three past one-minute intervals (their LastModified set as if uploaded then),
 plus one just before and one just after the range. Each backfill run must convert only its own
-interval's PDFs; a second backfill over the same range (``reprocess_behavior`` "completed", so Airflow
-really runs every date again) converts nothing and leaves the outputs untouched; one more with the
-``reprocess`` Param converts them all again, as the README says.
+interval's PDFs, even with a lookback (it applies to scheduled runs only); a second backfill over
+the same range (``reprocess_behavior`` "completed", so Airflow really runs every date again) converts
+nothing and leaves the outputs untouched; one more with the ``reprocess`` Param converts them all
+again, as the README says.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def run_backfill(deployment: Deployment, start: datetime, end: datetime, **body:
 class Backfilled:
     start: datetime
     last: datetime
-    conf: dict[str, str]
+    conf: dict[str, Any]
     output_uri: str
     expected: list[dict[str, int]]  # per interval: source URI -> doc id
     doc_ids: dict[str, int]
@@ -81,7 +82,9 @@ def backfilled(deployment: Deployment, bucket: Bucket, ingest_unpaused: None) ->
         bucket.put_pdf(f"{prefix}input/before.pdf", doc_id=140, last_modified=start - 20 * SECOND),
         bucket.put_pdf(f"{prefix}input/after.pdf", doc_id=141, last_modified=start + 3 * MINUTE + 20 * SECOND),
     ]
-    conf = {"input_uri": bucket.uri(prefix + "input/"), "output_uri": output_uri}
+    # A lookback of one interval (the deployment's default is 0) would make each run list its
+    # neighbour's interval too; backfill runs do not look back, so each converts only its own.
+    conf = {"input_uri": bucket.uri(prefix + "input/"), "output_uri": output_uri, "lookback_intervals": 1}
     last = start + 2 * MINUTE
     runs = run_backfill(deployment, start, last, dag_run_conf=conf)
     manifests = [bucket.manifest(output_uri, DAG, run["dag_run_id"]) for run in runs]
