@@ -7,14 +7,11 @@ as ``AIRFLOW_CONN_<ID>`` variables (JSON form), so each test can point them at i
 This module is also the driver those subprocesses run::
 
     python -m tests.airflow_env dag-test DAG_ID [--logical-date ISO|none|now] [--conf JSON]
-        [--asset-event JSON ...] [--run-type scheduled|backfill --data-interval START END]
 
 It runs the DAG with ``dag.test()`` and prints ``DAG_TEST_RESULT {"state": ..., "run_id": ..., ...}``
-as its last line; the exit status is 0 only for a successful run. ``dag.test`` itself only creates
-manual runs: ``--asset-event`` records an asset event with that ``extra`` on the DAG's schedule asset
-and makes it a consumed event of the run, so the tasks see it in ``triggering_asset_events`` exactly
-as after an ``AssetWatcher`` fired; ``--run-type``/``--data-interval`` give the run the type and the
-window the scheduler gives scheduled and backfill runs.
+as its last line; the exit status is 0 only for a successful run. ``dag.test`` creates manual runs
+only, and this driver leaves them as they are: scheduled, backfill and asset-triggered runs are
+tested through a real scheduler and triggerer in ``tests/deployment/``.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,25 +129,13 @@ class AirflowEnv:
         *,
         logical_date: str | None = "now",
         conf: Mapping[str, Any] | None = None,
-        asset_events: Sequence[Mapping[str, Any]] = (),
-        run_type: str | None = None,
-        data_interval: tuple[str, str] | None = None,
         timeout: float = 600,
     ) -> DagTestResult:
-        """Run one DAG run to completion in a subprocess; ``logical_date`` None = an asset/REST-like run.
-
-        ``run_type`` and ``data_interval`` turn the manual run into a scheduled or backfill one.
-        """
+        """Run one manual DAG run to completion in a subprocess; ``logical_date`` None = no logical date."""
         command = [sys.executable, "-m", "tests.airflow_env", "dag-test", dag_id]
         command += ["--logical-date", "none" if logical_date is None else logical_date]
         if conf is not None:
             command += ["--conf", json.dumps(conf)]
-        for extra in asset_events:
-            command += ["--asset-event", json.dumps(extra)]
-        if run_type is not None:
-            command += ["--run-type", run_type]
-        if data_interval is not None:
-            command += ["--data-interval", *data_interval]
         started = time.monotonic()
         result = subprocess.run(
             command, env=self.env, cwd=REPO_ROOT, text=True, capture_output=True, timeout=timeout, check=False
@@ -197,42 +182,6 @@ def prepare(home: Path, pool_slots: int = 4) -> AirflowEnv:
 # ----------------------------------------------------------------------------------- the driver
 
 
-def _shape_runs(
-    run_type: str | None, interval: tuple[Any, Any] | None, extras: list[dict[str, Any]], asset_name: str | None
-) -> None:
-    """Make the run ``dag.test`` creates look like one the scheduler or the triggerer would create.
-
-    ``dag.test`` only creates manual runs whose data interval is inferred from the logical date. A
-    scheduled or backfill run instead owns ``[logical date, next tick)``; an asset-triggered run has
-    consumed asset events. The tasks read all of this through the Execution API, as in production.
-    """
-    import airflow.models.dagrun as dagrun_module
-    from airflow.models.asset import AssetEvent, AssetModel
-    from airflow.utils.types import DagRunType
-
-    create = dagrun_module.get_or_create_dagrun
-    shaped_type = DagRunType.ASSET_TRIGGERED if extras else DagRunType(run_type) if run_type else None
-
-    def create_shaped(*, dag: Any, session: Any, **kwargs: Any) -> Any:
-        if interval is not None:
-            kwargs["data_interval"] = interval
-        # The run keeps dag.test's "manual__" id: create_dagrun reserves the other prefixes for their
-        # types, and the tasks only look at run_type, the interval and the events.
-        run = create(dag=dag, session=session, **kwargs)
-        if shaped_type is not None:
-            run.run_type = shaped_type
-        if extras:
-            asset = session.query(AssetModel).filter(AssetModel.name == asset_name).one()
-            events = [AssetEvent(asset_id=asset.id, extra=extra) for extra in extras]
-            session.add_all(events)
-            session.flush()
-            run.consumed_asset_events.extend(events)
-        session.commit()
-        return run
-
-    dagrun_module.get_or_create_dagrun = create_shaped
-
-
 def _dag_test(args: argparse.Namespace) -> int:
     from airflow.dag_processing.dagbag import DagBag
     from airflow.sdk import timezone
@@ -241,11 +190,6 @@ def _dag_test(args: argparse.Namespace) -> int:
     if bag.import_errors:
         print(json.dumps(bag.import_errors, indent=1), file=sys.stderr)
     dag = bag.dags[args.dag_id]
-    extras = [json.loads(item) for item in args.asset_event]
-    interval = tuple(timezone.parse(item) for item in args.data_interval) if args.data_interval else None
-    # The first asset the DAG is scheduled on receives the events.
-    assets = getattr(getattr(dag.timetable, "asset_condition", None), "objects", ())
-    _shape_runs(args.run_type, interval, extras, assets[0].name if assets else None)
     logical: Any
     if args.logical_date == "none":
         logical = None
@@ -269,9 +213,6 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("dag_id")
     run.add_argument("--logical-date", default="now")
     run.add_argument("--conf")
-    run.add_argument("--asset-event", action="append", default=[])
-    run.add_argument("--run-type", choices=["manual", "scheduled", "backfill"])
-    run.add_argument("--data-interval", nargs=2, metavar=("START", "END"))
     args = parser.parse_args(argv)
     return _dag_test(args)
 

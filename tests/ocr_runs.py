@@ -2,10 +2,10 @@
 
 One output location receives:
 
-* an Airflow run of ``olmocr_ingest`` (``dag.test()`` shaped as a scheduled run with a data interval)
-  over a folder holding good PDFs, a non-PDF and a PDF whose name is an HTML script tag: two of four
-  documents fail, so the publish task's error-budget verdict says the budget was exceeded; its
-  documents carry the real DAG, run and task ids;
+* a manual Airflow run of ``olmocr_ingest`` (``dag.test()`` with a logical date, so Airflow gives it
+  the data interval its timetable infers) over a folder holding good PDFs, a non-PDF and a PDF whose
+  name is an HTML script tag: two of four documents fail, so the publish task's error-budget verdict
+  says the budget was exceeded; its documents carry the real DAG, run and task ids;
 * three CLI runs (``olmocr-tasks convert``): one where every document converts (with a GPU price,
   so it has a cost), one where a corrupt file fails, and a rerun in which that file is a dead letter.
 
@@ -16,10 +16,11 @@ test modules share the result (a marker file in the session's base temp folder).
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -90,26 +91,32 @@ def _produce(base: Path, airflow_home: AirflowEnv, moto_server: str) -> RealRuns
     (cli_input / "letter.pdf").write_bytes(text_pdf(2, 73))
     (cli_input / "corrupt.pdf").write_bytes(not_a_pdf())
 
-    now = datetime.now(UTC)
-    interval = ((now - timedelta(hours=1)).isoformat(), (now + timedelta(hours=1)).isoformat())
     with StandinServer() as standin:
         airflow = airflow_home.with_env(
             AIRFLOW_CONN_OLMOCR_VLLM=vllm_connection(standin.url, standin.model, standin.api_key),
             AIRFLOW_CONN_AWS_DEFAULT=aws_connection(moto_server, DUMMY_KEY, DUMMY_SECRET, REGION),
         )
         result = airflow.dag_test(
-            DAG_ID,
-            logical_date=interval[0],
-            conf={"input_uri": str(airflow_input), "output_uri": str(output)},
-            run_type="scheduled",
-            data_interval=interval,
+            DAG_ID, logical_date="now", conf={"input_uri": str(airflow_input), "output_uri": str(output)}
         )
         # Two of four documents failed: over the default budget, so the run fails after publishing.
         assert result.state == "failed" and result.run_id, result.tail()
+        interval = _data_interval(airflow, result.run_id)
         _cli(standin, clean_input, output, CLEAN_RUN, "--gpu-hour-price", str(GPU_HOUR_PRICE))
         _cli(standin, cli_input, output, FAILING_RUN)
         _cli(standin, cli_input, output, DEAD_LETTER_RUN)
     return RealRuns(output, airflow_input, cli_input, clean_input, result.run_id, interval)
+
+
+def _data_interval(airflow: AirflowEnv, run_id: str) -> tuple[str, str]:
+    """The data interval Airflow recorded for the run in its metadata DB (ISO, UTC)."""
+    with sqlite3.connect(airflow.home / "airflow.db") as db:
+        (row,) = db.execute(
+            "SELECT data_interval_start, data_interval_end FROM dag_run WHERE dag_id = ? AND run_id = ?",
+            (DAG_ID, run_id),
+        ).fetchall()
+    start, end = (datetime.fromisoformat(stamp).replace(tzinfo=UTC).isoformat() for stamp in row)
+    return start, end
 
 
 def real_runs(base_temp: Path, airflow_home: AirflowEnv, moto_server: str) -> RealRuns:

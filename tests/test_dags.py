@@ -1,23 +1,26 @@
-"""The DAGs on a real Airflow: DagBag integrity, structure, and whole runs with ``dag.test()``.
+"""The DAGs on a real Airflow: DagBag integrity, structure, and whole manual runs with ``dag.test()``.
 
 Runs go through ``tests.airflow_env`` (one subprocess per DAG run, SQLite metadata DB, the vLLM
 stand-in, S3 on the moto server) and are judged by what they leave behind: the manifest and outputs
 they publish, the run's state, task states and XCom sizes in the metadata DB, asset events.
 
-``dag.test`` can only create manual runs, so scheduled, backfill and asset-triggered runs are shaped
-by the driver (run type, the scheduler's data interval, consumed asset events) before any task runs;
-the tasks then read all of it through Airflow's own context, as in production.
+``dag.test`` creates manual runs only, and these tests use it for what a manual run shows: the task
+graph end to end, the outputs asset event, error budgets, a documents list, a wrong model. The
+other trigger paths run through a real scheduler, triggerer and Celery workers in ``tests/deployment/``:
+scheduled runs and their data interval in ``test_scheduled.py``, backfills (each interval its own PDFs,
+a second backfill converting nothing, the ``reprocess`` Param) in ``test_backfill.py`` and
+``test_ui_backfill.py``, S3 notifications through SQS in ``test_events.py``, REST-triggered runs in
+``test_rest_trigger.py``. What the tasks make of a run type, an interval or triggering events (the
+lookback, re-driving an earlier interval's failures, event documents into the plan) is tested on the
+task bodies in ``test_provider.py``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
-import time
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -187,21 +190,11 @@ def _put(bucket: str, endpoint: str, objects: dict[str, bytes]) -> None:
         client.put_object(Bucket=bucket, Key=key, Body=body)
 
 
-def _iso(moment: datetime) -> str:
-    return moment.isoformat()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_scheduled_run_on_s3_then_a_run_with_nothing_new(
+def test_manual_run_on_s3_announces_its_outputs_and_a_run_with_nothing_new_announces_nothing(
     airflow_env: AirflowEnv, moto_server: str, s3_bucket: str, s3_storage_options: dict[str, Any]
 ) -> None:
-    # The objects' LastModified is "now"; the run owns the hour around it (never an hour about to end).
-    now = datetime.now(UTC)
-    if now.minute == 59 and now.second > 30:
-        time.sleep(61 - now.second)
-    start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    end = start + timedelta(hours=1)
     _put(
         s3_bucket,
         moto_server,
@@ -212,16 +205,11 @@ def test_scheduled_run_on_s3_then_a_run_with_nothing_new(
         },
     )
     conf = {"input_uri": f"s3://{s3_bucket}/inbox/", "output_uri": f"s3://{s3_bucket}/out/"}
-    scheduled = airflow_env.dag_test(
-        "olmocr_ingest",
-        logical_date=_iso(start),
-        conf=conf,
-        run_type="scheduled",
-        data_interval=(_iso(start), _iso(end)),
-    )
-    _check(scheduled)
+    # Scope "auto" of a manual run: everything under the input.
+    first = airflow_env.dag_test("olmocr_ingest", conf=conf)
+    _check(first)
     storage = Storage(s3_storage_options)
-    manifest = _read_manifest(storage, conf["output_uri"], "olmocr_ingest", scheduled)
+    manifest = _read_manifest(storage, conf["output_uri"], "olmocr_ingest", first)
     docs = _by_source(manifest)
     assert set(docs) == {f"s3://{s3_bucket}/inbox/a.pdf", f"s3://{s3_bucket}/inbox/nested/B.PDF"}
     assert {doc["status"] for doc in docs.values()} == {"converted"}
@@ -231,15 +219,15 @@ def test_scheduled_run_on_s3_then_a_run_with_nothing_new(
     entry = docs[f"s3://{s3_bucket}/inbox/a.pdf"]
     assert entry["task"]["dag_id"] == "olmocr_ingest"
     assert entry["task"]["task_id"] == "convert"
-    assert entry["task"]["run_id"] == scheduled.run_id
+    assert entry["task"]["run_id"] == first.run_id
     # The outputs asset announces the manifest to downstream DAGs.
     (event,) = [
-        e for e in _asset_events(airflow_env, "olmocr_outputs") if e.get("run_id", "").endswith(scheduled.run_id)
+        e for e in _asset_events(airflow_env, "olmocr_outputs") if e.get("run_id", "").endswith(first.run_id or "")
     ]
     assert event["manifest"].endswith(".json")
     assert event["converted"] == 2
 
-    # A manual run right after: scope "auto" means everything, and everything is already converted.
+    # A second manual run right after: everything is already converted.
     again = airflow_env.dag_test("olmocr_ingest", conf=conf)
     _check(again)
     manifest = _read_manifest(storage, conf["output_uri"], "olmocr_ingest", again)
@@ -253,51 +241,7 @@ def test_scheduled_run_on_s3_then_a_run_with_nothing_new(
     events = _asset_events(airflow_env, "olmocr_outputs")
     assert [e for e in events if e.get("run_id", "").endswith(again.run_id or "")] == []
     assert states[("enforce_error_budget", -1)] == "success"
-    _assert_small_xcom(airflow_env, [scheduled.run_id, again.run_id])
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_backfill_intervals_take_only_their_own_pdfs_and_reprocess_converts_again(
-    airflow_env: AirflowEnv, tmp_path: Path
-) -> None:
-    inbox, output = tmp_path / "inbox", tmp_path / "out"
-    inbox.mkdir()
-    hour = datetime(2026, 3, 1, 10, tzinfo=UTC)
-    files = {
-        "early.pdf": (text_pdf(1, 11), hour + timedelta(minutes=5)),
-        "late.pdf": (text_pdf(1, 12), hour + timedelta(hours=1, minutes=30)),
-        "later.pdf": (text_pdf(1, 13), hour + timedelta(hours=5)),
-    }
-    for name, (data, modified) in files.items():
-        path = inbox / name
-        path.write_bytes(data)
-        os.utime(path, (modified.timestamp(), modified.timestamp()))
-    conf = {"input_uri": str(inbox), "output_uri": str(output)}
-    storage = Storage()
-    runs = []
-    for start, expected in ((hour, "early.pdf"), (hour + timedelta(hours=1), "late.pdf")):
-        end = start + timedelta(hours=1)
-        result = airflow_env.dag_test(
-            "olmocr_ingest",
-            logical_date=_iso(start),
-            conf=conf,
-            run_type="backfill",
-            data_interval=(_iso(start), _iso(end)),
-        )
-        _check(result)
-        manifest = _read_manifest(storage, str(output), "olmocr_ingest", result)
-        assert [doc["source"] for doc in manifest["documents"]] == [str(inbox / expected)]
-        assert manifest["documents"][0]["status"] == "converted"
-        runs.append(result.run_id)
-
-    reprocess = airflow_env.dag_test("olmocr_ingest", conf={**conf, "reprocess": True, "scope": "all"})
-    _check(reprocess)
-    manifest = _read_manifest(storage, str(output), "olmocr_ingest", reprocess)
-    docs = _by_source(manifest)
-    assert set(docs) == {str(inbox / name) for name in files}
-    assert {doc["status"] for doc in docs.values()} == {"converted"}
-    _assert_small_xcom(airflow_env, [*runs, reprocess.run_id])
+    _assert_small_xcom(airflow_env, [first.run_id, again.run_id])
 
 
 @pytest.mark.slow
@@ -324,85 +268,6 @@ def test_explicit_documents_list_converts_only_those(airflow_env: AirflowEnv, tm
     assert not (output / "markdown" / "other.md").exists()
     # Each convert instance set its own execution_timeout from its batch before it ran.
     assert "time limit of this attempt" in result.output
-
-
-def _s3_event_body(bucket: str, *records: tuple[str, str]) -> str:
-    return json.dumps(
-        {
-            "Records": [
-                {"eventSource": "aws:s3", "eventName": name, "s3": {"bucket": {"name": bucket}, "object": {"key": key}}}
-                for name, key in records
-            ]
-        }
-    )
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_s3_event_run_converts_exactly_the_created_objects(
-    airflow_env: AirflowEnv, moto_server: str, s3_bucket: str, s3_storage_options: dict[str, Any]
-) -> None:
-    _put(
-        s3_bucket,
-        moto_server,
-        {
-            "inbox/a b+c.pdf": text_pdf(1, 31),
-            "inbox/x.pdf": text_pdf(1, 32),
-            "inbox/untouched.pdf": text_pdf(1, 33),
-            "inbox/notes.txt": b"text",
-        },
-    )
-    first = {
-        "from_trigger": True,
-        "payload": {
-            "status": "success",
-            "message_batch": [
-                {
-                    "MessageId": "1",
-                    "Body": _s3_event_body(
-                        s3_bucket,
-                        ("ObjectCreated:Put", "inbox/a+b%2Bc.pdf"),
-                        ("ObjectRemoved:Delete", "inbox/gone.pdf"),
-                    ),
-                },
-                {"MessageId": "2", "Body": json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent"})},
-                {
-                    "MessageId": "3",
-                    "Body": _s3_event_body(
-                        s3_bucket, ("ObjectCreated:Put", "inbox/a+b%2Bc.pdf"), ("ObjectCreated:Put", "inbox/notes.txt")
-                    ),
-                },
-            ],
-        },
-    }
-    second = {
-        "from_trigger": True,
-        "payload": {
-            "status": "success",
-            "message_batch": [
-                {
-                    "MessageId": "4",
-                    "Body": _s3_event_body(s3_bucket, ("ObjectCreated:CompleteMultipartUpload", "inbox/x.pdf")),
-                }
-            ],
-        },
-    }
-    airflow = airflow_env.with_env(
-        OLMOCR_INPUT_URI=f"s3://{s3_bucket}/inbox/", OLMOCR_OUTPUT_URI=f"s3://{s3_bucket}/out/"
-    )
-    result = airflow.dag_test("olmocr_s3_events", logical_date=None, asset_events=[first, second])
-    _check(result)
-    storage = Storage(s3_storage_options)
-    docs = _by_source(_read_manifest(storage, f"s3://{s3_bucket}/out/", "olmocr_s3_events", result))
-    assert set(docs) == {f"s3://{s3_bucket}/inbox/a b+c.pdf", f"s3://{s3_bucket}/inbox/x.pdf"}
-    assert {doc["status"] for doc in docs.values()} == {"converted"}
-    with sqlite3.connect(airflow.home / "airflow.db") as db:
-        (row,) = db.execute(
-            "SELECT run_type, logical_date FROM dag_run WHERE dag_id = 'olmocr_s3_events' AND run_id = ?",
-            (result.run_id,),
-        ).fetchall()
-    assert row == ("asset_triggered", None)
-    _assert_small_xcom(airflow, [result.run_id])
 
 
 @pytest.mark.slow
@@ -455,35 +320,3 @@ def test_a_server_serving_another_model_fails_the_run_at_once(airflow_env: Airfl
             "SELECT try_number FROM task_instance WHERE run_id = ? AND task_id = 'check_server'", (result.run_id,)
         ).fetchone()
     assert tries == 1
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_a_later_interval_re_drives_the_failures_of_an_earlier_one(airflow_env: AirflowEnv, tmp_path: Path) -> None:
-    inbox, output = tmp_path / "inbox", tmp_path / "out"
-    inbox.mkdir()
-    hour = datetime(2026, 3, 1, 10, tzinfo=UTC)
-    for name, data in (("good.pdf", text_pdf(1, 61)), ("broken.pdf", not_a_pdf())):
-        (inbox / name).write_bytes(data)
-        moment = (hour + timedelta(minutes=5)).timestamp()
-        os.utime(inbox / name, (moment, moment))
-    # No lookback, so the second interval discovers nothing of its own: only re-driving can find broken.pdf.
-    conf = {"input_uri": str(inbox), "output_uri": str(output), "max_document_error_rate": 1.0, "lookback_intervals": 0}
-    manifests = []
-    for start in (hour, hour + timedelta(hours=1)):
-        result = airflow_env.dag_test(
-            "olmocr_ingest",
-            logical_date=_iso(start),
-            conf=conf,
-            run_type="scheduled",
-            data_interval=(_iso(start), _iso(start + timedelta(hours=1))),
-        )
-        _check(result)
-        manifests.append(_read_manifest(Storage(), str(output), "olmocr_ingest", result))
-    first, second = (_by_source(manifest) for manifest in manifests)
-    assert {Path(source).name: doc["status"] for source, doc in first.items()} == {
-        "good.pdf": "converted",
-        "broken.pdf": "failed",
-    }
-    (again,) = second.values()
-    assert (Path(again["source"]).name, again["error_class"], again["failed_attempts"]) == ("broken.pdf", "not_pdf", 2)

@@ -204,16 +204,16 @@ def test_output_links_serve_only_what_the_manifest_names_below_the_output(tmp_pa
 
 def test_trigger_and_data_interval_of_the_run(client: TestClient, runs: RealRuns) -> None:
     manifest = runs.manifest(runs.airflow_manifest_run_id)
-    assert manifest["airflow_run"]["run_type"] == "scheduled"
+    assert manifest["airflow_run"]["run_type"] == "manual"
     page = client.get(f"/runs/{runs.key(runs.airflow_manifest_run_id)}").text
     start, end = (
         datetime.fromisoformat(stamp).strftime("%Y-%m-%d %H:%M:%S UTC") for stamp in runs.airflow_data_interval
     )
-    assert "Trigger: <strong>scheduled</strong>" in page
+    assert "Trigger: <strong>manual (UI or REST API)</strong>" in page
     assert f"data interval {start} → {end}" in page
     assert "Trigger: <strong>command line</strong>" in client.get(f"/runs/{runs.key(CLEAN_RUN)}").text
     listed = {run["run_id"]: run["trigger"] for run in client.get("/api/runs").json()["runs"]}
-    assert listed[runs.airflow_manifest_run_id] == "scheduled" and listed[CLEAN_RUN] == "command line"
+    assert listed[runs.airflow_manifest_run_id] == "manual (UI or REST API)" and listed[CLEAN_RUN] == "command line"
 
 
 def test_search_finds_a_document_in_every_run(client: TestClient, runs: RealRuns) -> None:

@@ -154,7 +154,7 @@ def test_run_page_in_browser(site: str, page: Page, dialogs: list[str], runs: Re
     start, end = (
         datetime.fromisoformat(stamp).strftime("%Y-%m-%d %H:%M:%S UTC") for stamp in runs.airflow_data_interval
     )
-    expect(page.locator("p.trigger")).to_contain_text("Trigger: scheduled")
+    expect(page.locator("p.trigger")).to_contain_text("Trigger: manual (UI or REST API)")
     expect(page.locator("p.trigger")).to_contain_text(f"data interval {start} → {end}")
 
     # Every document, not only the failed ones.

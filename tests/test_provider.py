@@ -1,4 +1,9 @@
-"""The provider package as Airflow sees it, and the task glue the DAGs share (``provider.tasks``)."""
+"""The provider package as Airflow sees it, and the task glue the DAGs share (``provider.tasks``).
+
+The task bodies run in this process with a hand-built context (``tests.task_context``) that states the
+run type, data interval and triggering asset events: what the tasks make of them. That the scheduler,
+a backfill and the triggerer give real runs exactly these is tested in ``tests/deployment/``.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from olmocr_tasks.storage import ObjectInfo, Storage
 from tests.airflow_env import REPO_ROOT, aws_connection, base_env
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
 from tests.standin.server import StandinServer
+from tests.task_context import RunTasks, context
 
 H = datetime(2026, 3, 1, 10, tzinfo=UTC)
 H1 = datetime(2026, 3, 1, 11, tzinfo=UTC)
@@ -112,27 +118,6 @@ def test_interval_scope_without_an_interval_is_a_clear_error(interval: tuple[Any
 def test_unknown_scope_is_rejected() -> None:
     with pytest.raises(ConfigurationError, match="scope must be one of"):
         tasks.resolve_window("yesterday", "manual", None, None)
-
-
-def context(
-    params: dict[str, Any],
-    *,
-    run_type: str = "manual",
-    interval: tuple[datetime | None, datetime | None] = (None, None),
-    **extra: Any,
-) -> dict[str, Any]:
-    """The parts of Airflow's task context the glue reads."""
-    defaults = {p: param.value for p, param in dag_params.ingest_params().items()}
-    return {
-        "params": {**defaults, **params},
-        "dag": SimpleNamespace(dag_id="olmocr_ingest"),
-        "dag_run": SimpleNamespace(
-            dag_id="olmocr_ingest", run_id=f"{run_type}__2026-03-01T10:00:00+00:00", run_type=run_type
-        ),
-        "data_interval_start": interval[0],
-        "data_interval_end": interval[1],
-        **extra,
-    }
 
 
 @pytest.fixture
@@ -454,49 +439,6 @@ def test_plan_packs_documents_within_max_map_length(tmp_path: Path, monkeypatch:
     assert sorted(listed) == sorted(str(tmp_path / "in" / f"big-{i}.pdf") for i in range(5))
 
 
-class _Outlets(dict):
-    """``outlet_events``: what publish_manifest announced, per alias."""
-
-    def __missing__(self, key: Any) -> SimpleNamespace:
-        added: list[tuple[Any, dict[str, Any]]] = []
-        self[key] = SimpleNamespace(added=added, add=lambda asset, extra=None: added.append((asset, extra)))
-        return self[key]
-
-
-class _RunTasks:
-    """The task bodies of one DAG run called in order in this process, as the worker calls them."""
-
-    def __init__(
-        self,
-        params: dict[str, Any],
-        run_type: str = "manual",
-        interval: tuple[datetime | None, datetime | None] = (None, None),
-    ) -> None:
-        self.params, self.run_type, self.interval = params, run_type, interval
-        self.xcom: dict[tuple[str, str], Any] = {}
-        self.outlets = _Outlets()
-
-    def ctx(self, task_id: str, try_number: int = 1, map_index: int = -1) -> dict[str, Any]:
-        ti = SimpleNamespace(
-            dag_id="olmocr_ingest",
-            run_id=f"{self.run_type}__2026-03-01T10:00:00+00:00",
-            task_id=task_id,
-            map_index=map_index,
-            try_number=try_number,
-            xcom_push=lambda key, value: self.xcom.__setitem__((task_id, key), value),
-            xcom_pull=lambda task_ids, key="return_value": self.xcom.get((task_ids, key)),
-        )
-        return context(self.params, run_type=self.run_type, interval=self.interval, ti=ti, outlet_events=self.outlets)
-
-    def plan(self) -> list[dict[str, Any]]:
-        self.xcom["plan", "return_value"] = tasks.plan_body(self.ctx("plan"))
-        return self.xcom["plan", "return_value"]
-
-    def publish(self) -> dict[str, Any]:
-        self.xcom["publish_manifest", "return_value"] = tasks.publish_body(self.ctx("publish_manifest"))
-        return self.xcom["publish_manifest", "return_value"]
-
-
 @pytest.fixture
 def standin_conn(monkeypatch: pytest.MonkeyPatch, standin: StandinServer) -> StandinServer:
     extra = {"model": standin.model, "gpu_hour_price": 3.6}
@@ -513,7 +455,7 @@ def test_a_retried_convert_task_reports_its_batch_and_only_runs_that_converted_a
 
     for doc_id in (1, 2):
         pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(2, doc_id=doc_id))
-    run = _RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
+    run = RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
     batches = run.plan()
     for index, batch in enumerate(batches):
         first = tasks.convert_body(run.ctx("convert", try_number=1, map_index=index), batch)
@@ -533,7 +475,7 @@ def test_a_retried_convert_task_reports_its_batch_and_only_runs_that_converted_a
     ((asset, extra),) = run.outlets[tasks.OUTPUTS_ALIAS].added
     assert asset == tasks.OUTPUTS_ASSET and extra["converted"] == 2 and extra["manifest"] == summary["manifest"]
 
-    nothing_new = _RunTasks(run.params, run_type="scheduled")
+    nothing_new = RunTasks(run.params, run_type="scheduled")
     # Nothing to convert is still one (empty) batch: a mapped task expanded to nothing is skipped,
     # and Airflow does not map it again when such a run is cleared.
     (empty,) = nothing_new.plan()
@@ -556,7 +498,7 @@ def test_a_cleared_run_never_maps_fewer_convert_instances_than_its_previous_pass
     for doc_id in (1, 2, 3):
         pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(1, doc_id=doc_id))
     params = {"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out"), "batch_pages": 1}
-    run = _RunTasks(params)
+    run = RunTasks(params)
     first = run.plan()
     assert [batch["documents"] for batch in first] == [1, 1, 1]
     for index, batch in enumerate(first):
@@ -585,7 +527,7 @@ def test_backfill_runs_plan_only_their_own_interval_and_scheduled_runs_look_back
     params = {"input_uri": str(inbox), "output_uri": str(tmp_path / "out"), "lookback_intervals": 1}
 
     def planned(run_type: str, interval: tuple[datetime, datetime]) -> list[str]:
-        run = _RunTasks(params, run_type=run_type, interval=interval)
+        run = RunTasks(params, run_type=run_type, interval=interval)
         run.plan()
         plan_id = run.xcom["plan", tasks.PLAN_ID_XCOM]
         request = tasks.build_request(run.ctx("publish_manifest"))
@@ -603,7 +545,7 @@ def test_a_rejected_api_key_fails_the_convert_task_without_retries(tmp_path: Pat
     from tests import pdfgen
 
     pdfgen.write_pdf(tmp_path / "in" / "d.pdf", pdfgen.text_pdf(1, doc_id=1))
-    run = _RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
+    run = RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
     (batch,) = run.plan()
     standin_conn.configure(api_key="rotated-while-the-run-was-queued")
     with pytest.raises(AirflowFailException, match=r"rejected this task: .*HTTP 401"):
@@ -613,7 +555,7 @@ def test_a_rejected_api_key_fails_the_convert_task_without_retries(tmp_path: Pat
 def test_plan_refuses_a_server_that_reports_another_model(tmp_path: Path, standin_conn: StandinServer) -> None:
     # The idempotency key is the model: output of another model must not be filed under this one.
     (tmp_path / "in").mkdir()
-    run = _RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
+    run = RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
     run.xcom["check_server", "return_value"] = ["olmocr-cpu-tesseract"]
     with pytest.raises(AirflowFailException, match="reports olmocr-cpu-tesseract, not the connection's model"):
         run.plan()
@@ -641,3 +583,103 @@ def test_convert_sets_its_own_execution_timeout_before_it_runs() -> None:
     tasks.limit_convert_time(context({"input_uri": "/i", "output_uri": "/o"}, task=task))
     assert task.execution_timeout is not None and task.execution_timeout > timedelta(hours=2)
     assert tasks.convert.kwargs["pre_execute"] is tasks.limit_convert_time
+
+
+def test_plan_body_redrives_failures_of_an_earlier_interval(tmp_path: Path, standin_conn: StandinServer) -> None:
+    from tests import pdfgen
+
+    inbox, output = tmp_path / "inbox", tmp_path / "out"
+    for name, data in (("good.pdf", pdfgen.text_pdf(1, 61)), ("broken.pdf", pdfgen.not_a_pdf())):
+        pdfgen.write_pdf(inbox / name, data)
+        moment = (H + timedelta(minutes=5)).timestamp()
+        os.utime(inbox / name, (moment, moment))
+    # No lookback, so the second interval discovers nothing of its own: only re-driving can find broken.pdf.
+    params = {
+        "input_uri": str(inbox),
+        "output_uri": str(output),
+        "max_document_error_rate": 1.0,
+        "lookback_intervals": 0,
+    }
+    manifests = []
+    for start in (H, H1):
+        run = RunTasks(params, run_type="scheduled", interval=(start, start + timedelta(hours=1)))
+        run.plan()
+        run.convert_all()
+        manifests.append(json.loads(Path(run.publish()["manifest"]).read_text()))
+    first, second = ({doc["source"]: doc for doc in manifest["documents"]} for manifest in manifests)
+    assert {Path(source).name: doc["status"] for source, doc in first.items()} == {
+        "good.pdf": "converted",
+        "broken.pdf": "failed",
+    }
+    (again,) = second.values()
+    assert (Path(again["source"]).name, again["error_class"], again["failed_attempts"]) == ("broken.pdf", "not_pdf", 2)
+
+
+def _s3_event(bucket: str, *messages: list[tuple[str, str]]) -> dict[str, Any]:
+    """The ``extra`` of one asset event from the SQS watcher: a batch of messages of S3 records."""
+
+    def body(records: list[tuple[str, str]]) -> str:
+        return json.dumps(
+            {
+                "Records": [
+                    {
+                        "eventSource": "aws:s3",
+                        "eventName": name,
+                        "s3": {"bucket": {"name": bucket}, "object": {"key": key}},
+                    }
+                    for name, key in records
+                ]
+            }
+        )
+
+    batch = [{"MessageId": str(number), "Body": body(records)} for number, records in enumerate(messages)]
+    return {"from_trigger": True, "payload": {"status": "success", "message_batch": batch}}
+
+
+def test_event_dag_plan_body_converts_exactly_the_objects_its_triggering_events_created(
+    monkeypatch: pytest.MonkeyPatch,
+    standin_conn: StandinServer,
+    moto_server: str,
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+) -> None:
+    from tests import pdfgen
+
+    storage = Storage(s3_storage_options)
+    for key, data in {
+        "inbox/a b+c.pdf": pdfgen.text_pdf(1, 31),
+        "inbox/x.pdf": pdfgen.text_pdf(1, 32),
+        "inbox/untouched.pdf": pdfgen.text_pdf(1, 33),
+        "inbox/notes.txt": b"text",
+    }.items():
+        storage.write_bytes_atomic(f"s3://{s3_bucket}/{key}", data)
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", aws_connection(moto_server, DUMMY_KEY, DUMMY_SECRET, REGION))
+    inbox, output = f"s3://{s3_bucket}/inbox/", f"s3://{s3_bucket}/out/"
+    # The deployment configures its locations; the allow-lists default to them.
+    monkeypatch.setenv("OLMOCR_INPUT_URI", inbox)
+    monkeypatch.setenv("OLMOCR_OUTPUT_URI", output)
+    first = _s3_event(
+        s3_bucket,
+        # S3 URL-encodes keys ("+" is a space); a removal is not a new document.
+        [("ObjectCreated:Put", "inbox/a+b%2Bc.pdf"), ("ObjectRemoved:Delete", "inbox/gone.pdf")],
+        [],
+        [("ObjectCreated:Put", "inbox/a+b%2Bc.pdf"), ("ObjectCreated:Put", "inbox/notes.txt")],
+    )
+    # S3's test event when notifications are configured names no object.
+    first["payload"]["message_batch"][1]["Body"] = json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent"})
+    second = _s3_event(s3_bucket, [("ObjectCreated:CompleteMultipartUpload", "inbox/x.pdf")])
+    run = RunTasks(
+        {"input_uri": inbox, "output_uri": output},
+        run_type="asset_triggered",
+        dag_id="olmocr_s3_events",
+        event_asset="olmocr_s3_object_created",
+        events=[first, second],
+    )
+    run.plan()
+    run.convert_all()
+    manifest = json.loads(storage.read_bytes(run.publish()["manifest"]))
+    docs = {doc["source"]: doc for doc in manifest["documents"]}
+    assert set(docs) == {f"s3://{s3_bucket}/inbox/a b+c.pdf", f"s3://{s3_bucket}/inbox/x.pdf"}
+    assert {doc["status"] for doc in docs.values()} == {"converted"}
+    # The events are read inside plan: every XCom stays a small reference, whatever the events name.
+    assert all(len(json.dumps(value)) < 4096 for value in run.xcom.values())

@@ -40,8 +40,8 @@ from olmocr_tasks.pipeline import (
 )
 from olmocr_tasks.storage import Storage
 from tests import pdfgen
-from tests.airflow_env import AirflowEnv
-from tests.fixtures.s3 import FaultProxy
+from tests.airflow_env import AirflowEnv, aws_connection, vllm_connection
+from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION, FaultProxy
 from tests.reliability_checks import (
     assert_manifest_matches_outputs,
     assert_reader_view_consistent,
@@ -50,6 +50,7 @@ from tests.reliability_checks import (
     start_cli,
 )
 from tests.standin.server import StandinServer
+from tests.task_context import RunTasks
 
 FAST = ["--read-timeout", "3", "--outage-window", "3", "--ready-timeout", "3", "--target-longest-image-dim", "512"]
 
@@ -438,11 +439,15 @@ def test_a_run_pointed_outside_the_allowed_folders_fails_before_reading_or_writi
     assert _files_under(elsewhere) == [] and _files_under(out) == []
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_an_event_naming_another_bucket_fails_the_event_run(
-    airflow_env: AirflowEnv, moto_server: str, s3_bucket: str, s3_storage_options: dict[str, Any]
+def test_event_dag_plan_body_refuses_an_event_naming_another_bucket(
+    monkeypatch: pytest.MonkeyPatch, moto_server: str, s3_bucket: str, s3_storage_options: dict[str, Any]
 ) -> None:
+    """The S3-event DAG's plan task, in-process, with triggering events naming an object outside the inputs.
+
+    S3 notifications reaching a real triggerer are tested in ``tests/deployment/test_events.py``.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
     client = boto3.client("s3", **_boto_client_options(s3_storage_options))
     client.put_object(Bucket=s3_bucket, Key="inbox/a.pdf", Body=pdfgen.text_pdf(1, 83))
     foreign = f"{s3_bucket}-foreign"
@@ -464,12 +469,21 @@ def test_an_event_naming_another_bucket_fails_the_event_run(
         "from_trigger": True,
         "payload": {"status": "success", "message_batch": [{"MessageId": "1", "Body": body}]},
     }
-    airflow = airflow_env.with_env(
-        OLMOCR_INPUT_URI=f"s3://{s3_bucket}/inbox/", OLMOCR_OUTPUT_URI=f"s3://{s3_bucket}/out/"
+    inbox, out = f"s3://{s3_bucket}/inbox/", f"s3://{s3_bucket}/out/"
+    # The deployment configures its locations; the allow-lists default to them.
+    monkeypatch.setenv("OLMOCR_INPUT_URI", inbox)
+    monkeypatch.setenv("OLMOCR_OUTPUT_URI", out)
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", aws_connection(moto_server, DUMMY_KEY, DUMMY_SECRET, REGION))
+    monkeypatch.setenv("AIRFLOW_CONN_OLMOCR_VLLM", vllm_connection("http://127.0.0.1:9/v1", "m/1"))
+    run = RunTasks(
+        {"input_uri": inbox, "output_uri": out},
+        run_type="asset_triggered",
+        dag_id="olmocr_s3_events",
+        event_asset="olmocr_s3_object_created",
+        events=[event],
     )
-    result = airflow.dag_test("olmocr_s3_events", logical_date=None, asset_events=[event])
-    assert result.state == "failed", result.tail()
-    assert f"input 's3://{foreign}/inbox/b.pdf' is not allowed" in result.output
+    with pytest.raises(AirflowFailException, match=f"input 's3://{foreign}/inbox/b.pdf' is not allowed"):
+        run.plan()
     assert "Contents" not in client.list_objects_v2(Bucket=s3_bucket, Prefix="out/")
 
 
