@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from olmocr_tasks.errors import ConfigurationError
+
 DEFAULT_MODEL = "allenai/olmOCR-2-7B-1025-FP8"
 
 
@@ -105,3 +107,14 @@ class ConversionSettings:
         data = dataclasses.asdict(self)
         data["server"] = self.server.public_dict()
         return data
+
+
+def positive_number(what: str, value: Any, kind: type[int] | type[float] = float, unit: str = "a number") -> Any:
+    """``value`` as a positive ``kind``, or a ConfigurationError naming ``what`` (a setting, an extra)."""
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"{what} must be {unit}, not {value!r}") from None
+    if number <= 0:
+        raise ConfigurationError(f"{what} must be positive, not {value!r}")
+    return number

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 from airflow.sdk import BaseHook
 
 from olmocr_tasks.client import InferenceClient
-from olmocr_tasks.config import DEFAULT_MODEL, ServerSettings
+from olmocr_tasks.config import DEFAULT_MODEL, ServerSettings, positive_number
 from olmocr_tasks.errors import ConfigurationError
 from olmocr_tasks.provider import CONNECTION_TYPE, DEFAULT_CONN_ID
 from olmocr_tasks.storage import Storage
@@ -104,13 +104,7 @@ def _as_bool(name: str, value: Any) -> bool:
 
 
 def _as_number(name: str, value: Any, kind: type[int] | type[float]) -> Any:
-    try:
-        number = kind(value)
-    except (TypeError, ValueError):
-        raise ConfigurationError(f"connection extra {name!r} must be a number, not {value!r}") from None
-    if number <= 0:
-        raise ConfigurationError(f"connection extra {name!r} must be positive, not {value!r}")
-    return number
+    return positive_number(f"connection extra {name!r}", value, kind)
 
 
 def _replicas(value: Any, scheme: str | None) -> list[str]:

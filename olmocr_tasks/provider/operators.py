@@ -19,6 +19,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from olmocr_tasks.config import positive_number
 from olmocr_tasks.errors import ConfigurationError
 from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.hooks import VllmHook
@@ -38,13 +39,7 @@ READY_TIMEOUT_ENV = "OLMOCR_SERVER_READY_TIMEOUT"
 def ready_timeout_s(value: float | None = None) -> float:
     """The deferral's deadline in seconds: ``value``, else ``OLMOCR_SERVER_READY_TIMEOUT``, else 30 minutes."""
     raw: Any = value if value is not None else os.environ.get(READY_TIMEOUT_ENV) or DEFAULT_TIMEOUT_S
-    try:
-        seconds = float(raw)
-    except (TypeError, ValueError):
-        raise ConfigurationError(f"{READY_TIMEOUT_ENV} must be a number of seconds, not {raw!r}") from None
-    if seconds <= 0:
-        raise ConfigurationError(f"{READY_TIMEOUT_ENV} must be positive, not {raw!r}")
-    return seconds
+    return positive_number(READY_TIMEOUT_ENV, raw, float, unit="a number of seconds")
 
 
 class CheckVllmServerOperator(BaseOperator):
