@@ -7,7 +7,8 @@ queue is short, shrink multiplicatively when it passes a high-water mark. Indepe
 this converge on a short, non-empty queue, which keeps the GPU fed without piling up requests.
 
 Here are the controller and the resizable limiter it adjusts (both pure), and the poller that reads
-``/metrics`` and feeds the controller (``vllm_metrics`` parses the text).
+``/metrics`` and feeds the controller (``vllm_metrics`` parses the text) and the GPU-busy meter
+(``gpu_busy``) that the manifest's cost is computed from.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ import collections
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from olmocr_tasks.vllm_metrics import MetricsFormatError, QueueSample, parse_vllm_queue
+from olmocr_tasks.gpu_busy import GpuBusyMeter
+from olmocr_tasks.vllm_metrics import MetricsFormatError, QueueSample, parse_vllm_sample
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +211,8 @@ class InFlightWindow:
 class MetricsPoller:
     """Reads every replica's ``/metrics`` each ``interval_s`` and folds the queues into the window.
 
-    A server without vLLM's queue gauges turns the window fixed at its ceiling, once.
+    A server without vLLM's queue gauges turns the window fixed at its ceiling, once. Every sample also
+    goes to ``meter`` (when given) with the ``clock`` time it was read at.
     """
 
     def __init__(
@@ -220,6 +224,8 @@ class MetricsPoller:
         interval_s: float,
         headers: dict[str, str],
         keep_going: Callable[[], bool],
+        meter: GpuBusyMeter | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._http = http
         self._sources = sources
@@ -227,15 +233,20 @@ class MetricsPoller:
         self._interval_s = interval_s
         self._headers = headers
         self._keep_going = keep_going
+        self._meter = meter
+        self._clock = clock
 
     async def run(self) -> None:
         while self._keep_going():
             results = await asyncio.gather(*(self.fetch(source) for source in self._sources))
             if all(source.metrics_absent for source in self._sources):
                 self._window.use_fixed("the inference server exposes no vLLM queue metrics")
-                return
+                break
             self._window.fold([sample for sample in results if sample is not None])
             await asyncio.sleep(self._interval_s)
+        # Polling ended while the work goes on (outage, metrics gone): the busy time is incomplete.
+        if self._meter is not None:
+            self._meter.interrupt()
 
     async def fetch(self, source: MetricsSource) -> QueueSample | None:
         try:
@@ -251,10 +262,12 @@ class MetricsPoller:
         if response.status_code != 200:
             return None
         try:
-            sample = parse_vllm_queue(response.text)
+            sample = parse_vllm_sample(response.text)
         except MetricsFormatError:
             source.metrics_absent = True
             return None
+        if self._meter is not None:
+            self._meter.observe(source, self._clock(), sample)
         source.metrics_absent = False
-        source.sample = sample
-        return sample
+        source.sample = sample.queue
+        return sample.queue

@@ -16,6 +16,7 @@ What it adds over a bare HTTP client, each in answer to a failure seen with olmO
   answering (``replicas``);
 * an in-flight window sized from vLLM's ``/metrics`` (``backpressure``), so several runs sharing a
   server keep its queue short instead of overflowing it (olmOCR issue #317);
+* the GPU-busy seconds this client's requests cost, from the same ``/metrics`` polls (``gpu_busy``);
 * a readiness check of every replica (``readiness``).
 
 This module keeps the HTTP exchange and the retry policy; each other policy lives in its own module.
@@ -53,8 +54,10 @@ from olmocr_tasks.errors import (
     ServerNotReady,
     ServerUnavailable,
 )
+from olmocr_tasks.gpu_busy import GpuBusy, GpuBusyMeter
 from olmocr_tasks.hedging import HedgePolicy
 from olmocr_tasks.outage import OutageBreaker
+from olmocr_tasks.protocol import usage_tokens
 from olmocr_tasks.readiness import ModelsProbe, wait_ready
 from olmocr_tasks.redaction import redact_text, redact_url
 from olmocr_tasks.replicas import COOLOFF_INITIAL_S, Replica, ReplicaSet, ReplicaStats
@@ -221,6 +224,8 @@ class InferenceClient:
         self._hedges_in_flight = 0
         self._hedged = 0
         self._poller: asyncio.Task[None] | None = None
+        self._metrics_poller: MetricsPoller | None = None
+        self._gpu_busy = GpuBusyMeter()
         self._closed = False
         self._requests = 0
         self._retries = 0
@@ -265,7 +270,10 @@ class InferenceClient:
                 interval_s=self._settings.metrics_poll_interval_s,
                 headers=self._headers_without_body(),
                 keep_going=lambda: not self._breaker.is_open,
+                meter=self._gpu_busy,
+                clock=self._clock,
             )
+            self._metrics_poller = poller
             self._poller = asyncio.get_running_loop().create_task(poller.run(), name="olmocr-metrics-poller")
             self._poller.add_done_callback(self._poller_done)
 
@@ -274,6 +282,24 @@ class InferenceClient:
         if not task.cancelled() and task.exception() is not None:
             log.warning("adaptive concurrency stopped: %s", self._describe_exception(task.exception()))
             self._window.use_fixed("adaptive concurrency failed")
+            self._gpu_busy.interrupt()
+
+    async def finish_gpu_busy(self) -> GpuBusy:
+        """Stop measuring and return the GPU-busy seconds charged to this client's requests (``gpu_busy``).
+
+        Call it once the work is done: one last reading of every replica's ``/metrics`` closes the span
+        after the last answer, so the servers' token counters include every token this client counted.
+        Unmeasured when the metrics were never polled (adaptive concurrency off, no ``/metrics``).
+        """
+        poller, task = self._metrics_poller, self._poller
+        if poller is not None and task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if not self._breaker.is_open:
+                await asyncio.gather(*(poller.fetch(replica) for replica in self._replicas))
+        self._gpu_busy.stop()
+        return self._gpu_busy.result()
 
     # -- readiness -------------------------------------------------------------------------------
 
@@ -569,6 +595,7 @@ class InferenceClient:
             self._outcomes["bad_json"] += 1
             raise AttemptFailed("HTTP 200 with a JSON body that is not an object")
         replica.successes += 1
+        self._gpu_busy.count_tokens(replica, usage_tokens(payload))
         self._outcomes["ok"] += 1
         self._hedging.record(self._clock() - started)
         return payload

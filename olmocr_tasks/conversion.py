@@ -40,6 +40,7 @@ from olmocr_tasks.errors import (
     TooLargeError,
     UnreadableSourceError,
 )
+from olmocr_tasks.gpu_busy import GpuBusy
 from olmocr_tasks.ledger import Ledger
 from olmocr_tasks.manifest import DocumentEntry
 from olmocr_tasks.outputs import write_document_outputs
@@ -152,6 +153,10 @@ class ConversionEngine:
 
     async def check_ready(self) -> list[str]:
         return await self._client.check_ready()
+
+    async def finish_gpu_busy(self) -> GpuBusy:
+        """The GPU-busy seconds this engine's requests cost the server; call once converting is done."""
+        return await self._client.finish_gpu_busy()
 
     async def convert_all(self, sources: Sequence[SourceDocument]) -> list[DocumentEntry]:
         """Convert every source; entries come back in the order of ``sources``."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from olmocr_tasks.gpu_busy import GpuBusy
 from olmocr_tasks.results import DocumentTotals
 
 SCHEMA_VERSION = 1
@@ -25,6 +26,10 @@ Status = Literal["converted", "failed", "skipped"]
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 # The error class of a planned document whose batch never reported it.
 NOT_CONVERTED = "not_converted"
+# What ``metrics.cost.gpu_seconds`` counts: the GPU-busy seconds the batches measured from vLLM's
+# /metrics (``gpu_busy``), or the run's wall-clock time when some batch could not measure them.
+COST_BASIS_METRICS = "vllm_metrics_busy"
+COST_BASIS_WALL_CLOCK = "wall_clock"
 
 
 def utc_now() -> str:
@@ -112,6 +117,8 @@ class Manifest:
     dead_letters: list[DocumentEntry] = field(default_factory=list)
     already_converted: int = 0
     gpu_hour_price: float | None = None
+    # The GPU-busy seconds the run's batches measured, summed (None: no batch reported, older manifests).
+    gpu_busy: GpuBusy | None = None
     # Set by ``judge_error_budget`` (the Airflow publish task): the budget and whether this run exceeded it.
     error_budget: dict[str, Any] | None = None
     # Set by the Airflow publish task: the DAG run (id, type, data interval) this manifest belongs to.
@@ -159,14 +166,24 @@ class Manifest:
         return metrics
 
     def _cost_estimate(self, elapsed: float, pages: int) -> dict[str, Any] | None:
-        """GPU cost of the run at the configured hourly price, from the wall time the server was busy."""
+        """GPU cost of the run at the configured hourly price.
+
+        The seconds are the GPU-busy time the batches measured from vLLM's ``/metrics`` (their shares
+        of a shared server) when every batch measured its own; otherwise (a server without
+        ``/metrics``, polling off, a batch that died before reporting, a manifest from before the
+        measurement) the run's wall-clock time, which overstates an idle or shared server.
+        """
         if self.gpu_hour_price is None:
             return None
-        gpu_seconds = elapsed
+        if self.gpu_busy is not None and self.gpu_busy.measured:
+            basis, gpu_seconds = COST_BASIS_METRICS, round(self.gpu_busy.seconds, 3)
+        else:
+            basis, gpu_seconds = COST_BASIS_WALL_CLOCK, round(elapsed, 3)
         cost = self.gpu_hour_price * gpu_seconds / 3600
         return {
+            "basis": basis,
             "gpu_hour_price": self.gpu_hour_price,
-            "gpu_seconds": round(gpu_seconds, 3),
+            "gpu_seconds": gpu_seconds,
             "estimated_cost": round(cost, 6),
             "cost_per_million_pages": round(cost / pages * 1_000_000, 2) if pages else None,
         }
@@ -186,6 +203,7 @@ class Manifest:
             "settings": self.settings,
             "counts": self.counts(),
             "metrics": self.metrics(),
+            "gpu_busy": self.gpu_busy and self.gpu_busy.to_dict(),
             "error_budget": self.error_budget,
             "airflow_run": self.airflow_run,
             "documents": [doc.to_dict() for doc in self.documents],
@@ -212,6 +230,7 @@ class Manifest:
             dead_letters=[DocumentEntry.from_dict(doc) for doc in data.get("dead_letters", [])],
             already_converted=data.get("counts", {}).get("already_converted", 0),
             gpu_hour_price=(data.get("metrics", {}).get("cost") or {}).get("gpu_hour_price"),
+            gpu_busy=GpuBusy.from_dict(data.get("gpu_busy")),
             error_budget=data.get("error_budget"),
             airflow_run=data.get("airflow_run"),
             schema_version=data.get("schema_version", SCHEMA_VERSION),

@@ -22,6 +22,7 @@ from olmocr_tasks import __version__
 from olmocr_tasks.config import ConversionSettings
 from olmocr_tasks.conversion import ConversionEngine
 from olmocr_tasks.discovery import MissingSource, iter_pdfs, resolve_explicit
+from olmocr_tasks.gpu_busy import NOTHING_SENT, GpuBusy
 from olmocr_tasks.ledger import Ledger, LedgerSnapshot, conversion_key, fingerprint
 from olmocr_tasks.manifest import NOT_CONVERTED, DocumentEntry, Manifest, count_entries, manifest_uri, utc_now
 from olmocr_tasks.outputs import output_stem
@@ -204,10 +205,10 @@ async def convert_sources(
     task_context: dict[str, Any] | None = None,
     check_ready: bool = True,
     on_document: Callable[[DocumentEntry], Awaitable[None]] | None = None,
-) -> list[DocumentEntry]:
+) -> ConvertedSources:
     """Convert documents in this process. Raises ``InfrastructureError`` when the work must be retried."""
     if not sources:
-        return []
+        return ConvertedSources([], NOTHING_SENT)
     ledger = Ledger(request.output_uri, storage, request.conversion_key)
     async with ProgressReporter(len(sources), stream=progress_stream) as progress:
         engine = ConversionEngine(
@@ -224,7 +225,16 @@ async def convert_sources(
         async with engine:
             if check_ready:
                 await engine.check_ready()
-            return await engine.convert_all(sources)
+            entries = await engine.convert_all(sources)
+            return ConvertedSources(entries, await engine.finish_gpu_busy())
+
+
+@dataclass(frozen=True)
+class ConvertedSources:
+    """What ``convert_sources`` did: an entry per document, and the GPU-busy seconds it cost the server."""
+
+    entries: list[DocumentEntry]
+    gpu_busy: GpuBusy
 
 
 @dataclass(frozen=True)
@@ -269,7 +279,7 @@ def convert_batch(
     async def save_entry(entry: DocumentEntry) -> None:
         await asyncio.to_thread(attempt.write_entry, entry)
 
-    converted = asyncio.run(
+    result = asyncio.run(
         convert_sources(
             request,
             storage,
@@ -279,10 +289,17 @@ def convert_batch(
             progress_stream=progress_stream,
         )
     )
-    by_source = finished | {entry.source: entry for entry in converted}
+    by_source = finished | {entry.source: entry for entry in result.entries}
     entries = [by_source[source.uri] for source in sources if source.uri in by_source]
-    uri = attempt.write_part(entries)
-    summary = count_entries(entries) | {"part": uri, "batch": batch_key, "try_number": attempt.try_number}
+    gpu_busy = attempt.carried_gpu_busy.plus(result.gpu_busy)
+    uri = attempt.write_part(entries, gpu_busy)
+    summary = count_entries(entries) | {
+        "part": uri,
+        "batch": batch_key,
+        "try_number": attempt.try_number,
+        "gpu_busy_seconds": round(gpu_busy.seconds, 3),
+        "gpu_busy_measured": gpu_busy.measured,
+    }
     return BatchResult(summary, entries)
 
 
@@ -313,9 +330,14 @@ def build_manifest(
     plan: RunPlan,
     entries_by_source: dict[str, DocumentEntry],
     *,
+    gpu_busy: GpuBusy | None = None,
     finished_at: str | None = None,
 ) -> Manifest:
-    """Merge plan and results; a planned document without a result is recorded as failed."""
+    """Merge plan and results; a planned document without a result is recorded as failed.
+
+    ``gpu_busy`` is what the batches measured (``RunFolder.collect_results``); without it, or when some
+    batch did not measure its own, the manifest's cost falls back to the run's wall-clock time.
+    """
     documents: list[DocumentEntry] = list(plan.unavailable)
     for source in plan.sources:
         entry = entries_by_source.get(source.uri)
@@ -343,6 +365,7 @@ def build_manifest(
         dead_letters=plan.dead_letters,
         already_converted=plan.already_converted,
         gpu_hour_price=request.settings.gpu_hour_price,
+        gpu_busy=gpu_busy,
     )
 
 
@@ -377,5 +400,6 @@ def run_conversion(
         len(plan.dead_letters),
     )
     convert_batch(request, storage, SINGLE_BATCH, plan.sources, folder=folder, progress_stream=progress_stream)
-    manifest = build_manifest(request, plan, folder.collect())
+    results = folder.collect_results()
+    manifest = build_manifest(request, plan, results.entries, gpu_busy=results.gpu_busy)
     return manifest, publish_manifest(manifest, storage)

@@ -237,5 +237,13 @@ def parse_completion(payload: Any, model_max_context: int = 16384) -> Completion
     )
 
 
+def usage_tokens(payload: dict[str, Any]) -> int:
+    """Prompt plus completion tokens that an answer's ``usage`` block reports (0 where it reports none)."""
+    usage = payload.get("usage")
+    if not isinstance(usage, dict):
+        return 0
+    return _as_count(usage.get("prompt_tokens")) + _as_count(usage.get("completion_tokens"))
+
+
 def _as_count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -6,7 +6,8 @@ Layout (only this module builds these keys)::
     _runs/<run>/<plan>/batches/<batch>.json              the sources of one batch
     _runs/<run>/<plan>/attempts/<batch>/<try>/started    this attempt of the batch began
     _runs/<run>/<plan>/attempts/<batch>/<try>/entries/<hash>.json   one finished document
-    _runs/<run>/<plan>/attempts/<batch>/<try>/part.json  every entry, written when the attempt finishes
+    _runs/<run>/<plan>/attempts/<batch>/<try>/part.json  every entry and the batch's GPU-busy seconds,
+                                                         written when the attempt finishes
 
 **Plans are fenced**: each planning (a cleared and re-run DAG run plans again) writes under a fresh
 plan id, so nothing of an earlier plan is ever read for the new one, even when a task of the old
@@ -19,6 +20,9 @@ attempt converted keep their pages, tokens and outputs.
 
 A batch that finished reports through its part; one that died part-way through the entries of the
 documents it did finish; anything else is "not converted". XCom only ever carries keys and counts.
+A part's GPU-busy seconds (``gpu_busy``) cover every attempt of its batch: an attempt adds its own to
+what the attempt before it reported, and one that follows an attempt that died without a part reports
+them as unmeasured, since what the dead attempt spent is unknown.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from olmocr_tasks.gpu_busy import NOTHING_SENT, GpuBusy, total_gpu_busy
 from olmocr_tasks.manifest import DocumentEntry, safe_run_id, utc_now
 from olmocr_tasks.storage import ObjectInfo, Storage
 from olmocr_tasks.uri import join_uri
@@ -124,6 +129,22 @@ class RunPlan:
         )
 
 
+@dataclass(frozen=True)
+class AttemptReport:
+    """What one attempt of a batch reported: its entries and, from a finished part, the GPU-busy seconds."""
+
+    entries: list[DocumentEntry]
+    gpu_busy: GpuBusy | None
+
+
+@dataclass(frozen=True)
+class RunResults:
+    """Every entry the batches reported, keyed by source URI, and the run's GPU-busy seconds (None: no batch)."""
+
+    entries: dict[str, DocumentEntry]
+    gpu_busy: GpuBusy | None
+
+
 class RunFolder:
     """Reads and writes one plan of one run under an output location."""
 
@@ -193,17 +214,24 @@ class RunFolder:
         return max(tries, default=0) + 1
 
     def collect(self) -> dict[str, DocumentEntry]:
-        """Every entry reported by the latest started attempt of each batch, keyed by source URI.
+        """Every entry reported by the latest started attempt of each batch, keyed by source URI."""
+        return self.collect_results().entries
+
+    def collect_results(self) -> RunResults:
+        """What the latest started attempt of each batch reported: entries, and GPU-busy seconds summed.
 
         A finished attempt reports through its part; one that died part-way through the entries it
-        wrote. Attempts carry every earlier entry forward, so nothing outside the latest is needed.
+        wrote. Attempts carry every earlier entry (and GPU-busy seconds) forward, so nothing outside the
+        latest is needed. The GPU-busy seconds are measured only if every batch's part measured its own.
         """
         entries: dict[str, DocumentEntry] = {}
+        reports: list[GpuBusy | None] = []
         for tries in self._attempts().values():
-            latest = tries[max(tries)]
-            for entry in self._read_attempt(latest):
+            report = self._read_attempt(tries[max(tries)])
+            for entry in report.entries:
                 entries[entry.source] = entry
-        return entries
+            reports.append(report.gpu_busy)
+        return RunResults(entries, total_gpu_busy(reports))
 
     def _attempts(self) -> dict[str, dict[int, list[str]]]:
         """batch → try → the URIs of that attempt's objects, for attempts that wrote their start mark."""
@@ -226,12 +254,16 @@ class RunFolder:
             if any((batch, number) in started for number in tries)
         }
 
-    def _read_attempt(self, uris: Sequence[str]) -> list[DocumentEntry]:
+    def _read_attempt(self, uris: Sequence[str]) -> AttemptReport:
         part = next((uri for uri in uris if uri.endswith("/" + PART_FILE)), None)
         if part is not None:
-            return [DocumentEntry.from_dict(item) for item in json.loads(self.storage.read_bytes(part))]
+            data = json.loads(self.storage.read_bytes(part))
+            # Parts written before GPU-busy seconds were measured are a bare list of entries.
+            items, gpu_busy = (data, None) if isinstance(data, list) else (data["entries"], data.get("gpu_busy"))
+            return AttemptReport([DocumentEntry.from_dict(item) for item in items], GpuBusy.from_dict(gpu_busy))
         entry_uris = [uri for uri in uris if f"/{ENTRIES_DIR}/" in uri and uri.endswith(".json")]
-        return [DocumentEntry.from_dict(json.loads(self.storage.read_bytes(uri))) for uri in entry_uris]
+        entries = [DocumentEntry.from_dict(json.loads(self.storage.read_bytes(uri))) for uri in entry_uris]
+        return AttemptReport(entries, None)
 
 
 class BatchAttempt:
@@ -244,6 +276,8 @@ class BatchAttempt:
         self.batch_key = batch_key
         self.try_number = try_number
         self.uri = join_uri(folder.uri, ATTEMPTS_DIR, batch_key, f"try-{try_number:04d}")
+        # The GPU-busy seconds of the earlier attempts (set by ``start``); this attempt adds its own.
+        self.carried_gpu_busy = NOTHING_SENT
 
     @property
     def part_uri(self) -> str:
@@ -258,8 +292,15 @@ class BatchAttempt:
         earlier: dict[str, DocumentEntry] = {}
         tries = self.folder._attempts().get(self.batch_key, {})
         for number in sorted(n for n in tries if n < self.try_number):
-            for entry in self.folder._read_attempt(tries[number]):
+            report = self.folder._read_attempt(tries[number])
+            for entry in report.entries:
                 earlier[entry.source] = entry
+            # Each part's seconds already include those of the attempts before it; an attempt without a
+            # measured part spent an unknown amount, which no later attempt can make measured again.
+            if report.gpu_busy is not None:
+                self.carried_gpu_busy = report.gpu_busy
+            else:
+                self.carried_gpu_busy = GpuBusy(self.carried_gpu_busy.seconds, measured=False)
         self.folder.storage.write_bytes_atomic(join_uri(self.uri, STARTED_FILE), b"")
         for entry in earlier.values():
             self.write_entry(entry)
@@ -269,8 +310,10 @@ class BatchAttempt:
         name = hashlib.sha1(entry.source.encode("utf-8", "surrogatepass")).hexdigest() + ".json"
         self.folder.storage.write_bytes_atomic(join_uri(self.uri, ENTRIES_DIR, name), _json(entry.to_dict()))
 
-    def write_part(self, entries: Sequence[DocumentEntry]) -> str:
-        self.folder.storage.write_bytes_atomic(self.part_uri, _json([entry.to_dict() for entry in entries]))
+    def write_part(self, entries: Sequence[DocumentEntry], gpu_busy: GpuBusy | None = None) -> str:
+        """The attempt's report: every entry, and the GPU-busy seconds of the batch's attempts so far."""
+        report = {"entries": [entry.to_dict() for entry in entries], "gpu_busy": gpu_busy and gpu_busy.to_dict()}
+        self.folder.storage.write_bytes_atomic(self.part_uri, _json(report))
         return self.part_uri
 
 

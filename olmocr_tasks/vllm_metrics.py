@@ -1,4 +1,5 @@
-"""vLLM's ``/metrics`` in Prometheus text: the queue reader the client polls and the writer our servers use.
+"""vLLM's ``/metrics`` in Prometheus text: the reader the client polls (queue gauges, token counters) and
+the writer our servers use.
 
 The reader and the writer live together so the names, labels and number format the adaptive client
 expects are the ones the CPU engine and the test stand-in publish. Pure (no I/O).
@@ -26,6 +27,15 @@ class QueueSample:
     waiting: float
 
 
+@dataclass(frozen=True)
+class ServerSample:
+    """One reading of a replica's ``/metrics``: its queue, and the tokens it has processed since it
+    started (prompt plus generation counters), None when it does not publish both counters."""
+
+    queue: QueueSample
+    processed_tokens: float | None
+
+
 class MetricsFormatError(ValueError):
     """The text is not a Prometheus exposition carrying vLLM's queue gauges."""
 
@@ -36,13 +46,29 @@ def parse_vllm_queue(text: str) -> QueueSample:
     vLLM labels its gauges (``model_name``, and ``engine`` with data parallelism), so one metric can
     appear on several lines; the queue of the server is their sum.
     """
-    totals = {RUNNING_METRIC: 0.0, WAITING_METRIC: 0.0}
-    seen: set[str] = set()
+    return parse_vllm_sample(text).queue
+
+
+def parse_vllm_sample(text: str) -> ServerSample:
+    """The queue gauges (required) and the token counters (optional), each summed over its label sets."""
+    totals = _sum_metrics(text, (RUNNING_METRIC, WAITING_METRIC, PROMPT_TOKENS_METRIC, GENERATION_TOKENS_METRIC))
+    missing = [name for name in (RUNNING_METRIC, WAITING_METRIC) if name not in totals]
+    if missing:
+        raise MetricsFormatError(f"metrics lack {', '.join(missing)}")
+    queue = QueueSample(running=totals[RUNNING_METRIC], waiting=totals[WAITING_METRIC])
+    counters = (PROMPT_TOKENS_METRIC, GENERATION_TOKENS_METRIC)
+    tokens = sum(totals[name] for name in counters) if all(name in totals for name in counters) else None
+    return ServerSample(queue=queue, processed_tokens=tokens)
+
+
+def _sum_metrics(text: str, names: Iterable[str]) -> dict[str, float]:
+    """The sum over label sets of each of ``names`` that appears in the text (non-finite values count 0)."""
+    totals: dict[str, float] = {}
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        for name in totals:
+        for name in names:
             if not line.startswith(name):
                 continue
             rest = line[len(name) :]
@@ -58,13 +84,8 @@ def parse_vllm_queue(text: str) -> QueueSample:
                 value = float(fields[0])
             except ValueError:
                 raise MetricsFormatError(f"metric {name} has a non-numeric value") from None
-            if math.isfinite(value):
-                totals[name] += value
-            seen.add(name)
-    missing = [name for name in totals if name not in seen]
-    if missing:
-        raise MetricsFormatError(f"metrics lack {', '.join(missing)}")
-    return QueueSample(running=totals[RUNNING_METRIC], waiting=totals[WAITING_METRIC])
+            totals[name] = totals.get(name, 0.0) + (value if math.isfinite(value) else 0.0)
+    return totals
 
 
 def _skip_labels(rest: str) -> str:

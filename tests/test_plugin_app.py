@@ -82,6 +82,9 @@ def test_json_api_shows_the_counts_and_verdict_each_run_wrote(client: TestClient
     assert listed[CLEAN_RUN]["status"] == "all_converted"
     cost = runs.manifest(CLEAN_RUN)["metrics"]["cost"]
     assert listed[CLEAN_RUN]["estimated_cost"] == cost["estimated_cost"] > 0
+    # The run page says what the GPU seconds count (this run polled no /metrics: its wall clock).
+    assert cost["basis"] == "wall_clock"
+    assert "<dt>counted as</dt><dd>wall clock</dd>" in client.get(f"/runs/{quote(runs.key(CLEAN_RUN))}").text
     assert len(body["notes"]) == 1
     paged = client.get("/api/runs", params={"limit": 1, "offset": 1}).json()
     assert [run["run_id"] for run in paged["runs"]] == [FAILING_RUN]

@@ -472,6 +472,9 @@ def test_a_retried_convert_task_reports_its_batch_and_only_runs_that_converted_a
     assert {doc["task"]["try_number"] for doc in manifest["documents"]} == {1}
     # The connection's GPU-hour price reaches the manifest of an Airflow run.
     assert manifest["metrics"]["cost"]["gpu_hour_price"] == 3.6
+    # Each batch's part carries the GPU-busy seconds its convert process measured from /metrics (the
+    # retry carrying its first try's forward), so publish charges those rather than the wall clock.
+    assert manifest["gpu_busy"]["measured"] and manifest["metrics"]["cost"]["basis"] == "vllm_metrics_busy"
     ((asset, extra),) = run.outlets[tasks.OUTPUTS_ALIAS].added
     assert asset == tasks.OUTPUTS_ASSET and extra["converted"] == 2 and extra["manifest"] == summary["manifest"]
 

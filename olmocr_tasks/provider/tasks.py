@@ -416,7 +416,8 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
     storage = storage_for([request.input_uri, request.output_uri])
     folder = request.run_folder(storage, plan_id)
     plan = folder.read_plan()
-    manifest = build_manifest(request, plan, folder.collect())
+    results = folder.collect_results()
+    manifest = build_manifest(request, plan, results.entries, gpu_busy=results.gpu_busy)
     # Documents whose batch never reported are failures of this run: later runs re-drive them.
     remember_not_converted(request, storage, plan, manifest)
     # Judged once, here; the verdict travels in the manifest (and in this task's XCom for enforce).
