@@ -57,9 +57,7 @@ class RunRequest:
 
     @property
     def conversion_key(self) -> str:
-        return conversion_key(
-            self.settings.server.model, PROMPT_VERSION, self.settings.page.target_longest_image_dim
-        )
+        return conversion_key(self.settings.server.model, PROMPT_VERSION, self.settings.page.target_longest_image_dim)
 
     def run_folder(self, storage: Storage, plan_id: str = SINGLE_PLAN) -> RunFolder:
         return RunFolder(storage, self.output_uri, self.run_id, plan_id)
@@ -256,9 +254,10 @@ def convert_batch(
 ) -> BatchResult:
     """Convert one batch as attempt ``try_number``; returns its summary (for XCom) and its documents' entries.
 
-    The attempt first carries forward what the batch's earlier attempts finished, so a retried or
+    The attempt first carries forward what the batch's earlier attempts converted, so a retried or
     resumed batch reports every document with its real outcome (a document converted by attempt 1
-    keeps its pages, tokens and outputs in attempt 2's results) and converts only the rest. Each
+    keeps its pages, tokens and outputs in attempt 2's results) and converts only the rest (what an
+    earlier attempt failed included: see ``BatchAttempt.start``). Each
     entry is saved the moment its document finishes, and the whole list in a part at the end: if the
     attempt dies (server outage, worker killed), publishing still reports what it did finish.
     ``try_number`` None means the next one (a process resuming a batch on its own, like the CLI).

@@ -287,14 +287,21 @@ class BatchAttempt:
         """Mark the attempt started and carry forward what earlier attempts finished; returns those entries.
 
         From this moment publishing reads this attempt only, so the carried entries are written as
-        this attempt's own before anything is converted.
+        this attempt's own before anything is converted. Only documents an earlier attempt converted
+        (or found converted) are carried; its failures are tried again. An attempt that is retried
+        died or was declared dead, and a failure it recorded may come from what stopped it rather
+        than from the document: a render time limit that ran out while its machine was frozen, a
+        starved worker. A document that really is broken fails again, and quickly.
         """
         earlier: dict[str, DocumentEntry] = {}
         tries = self.folder._attempts().get(self.batch_key, {})
         for number in sorted(n for n in tries if n < self.try_number):
             report = self.folder._read_attempt(tries[number])
             for entry in report.entries:
-                earlier[entry.source] = entry
+                if entry.status == "failed":
+                    earlier.pop(entry.source, None)
+                else:
+                    earlier[entry.source] = entry
             # Each part's seconds already include those of the attempts before it; an attempt without a
             # measured part spent an unknown amount, which no later attempt can make measured again.
             if report.gpu_busy is not None:

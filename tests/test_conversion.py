@@ -314,6 +314,26 @@ def test_a_batch_that_dies_part_way_reports_what_it_converted_and_its_retry_repo
     assert (summary["converted"], summary["pages"], summary["try_number"]) == (3, 8, 2)
 
 
+def test_a_retry_tries_again_what_an_earlier_attempt_failed_and_keeps_what_it_converted(tmp_path: Path) -> None:
+    """A failure recorded by an attempt that was then retried may come from what stopped the attempt
+    (a render limit that ran out while its machine was frozen), so the retry converts it again."""
+    from olmocr_tasks.manifest import DocumentEntry
+    from olmocr_tasks.runs import RunFolder
+
+    folder = RunFolder(Storage(), str(tmp_path / "out"), "run", "p1-abc")
+    converted = DocumentEntry(source="/in/a.pdf", status="converted", pages=3, task={"try_number": 1})
+    frozen = DocumentEntry(source="/in/b.pdf", status="failed", error_class="error_rate_exceeded", error="render")
+    first = folder.attempt("b0", 1)
+    first.start()
+    first.write_entry(converted)
+    first.write_entry(frozen)
+    first.write_part([converted, frozen])
+
+    assert folder.attempt("b0", 2).start() == {"/in/a.pdf": converted}
+    # Nor does a third attempt bring back what the first one failed.
+    assert folder.attempt("b0", 3).start() == {"/in/a.pdf": converted}
+
+
 def test_a_stale_attempt_cannot_change_what_a_newer_attempt_reports(tmp_path: Path) -> None:
     from olmocr_tasks.manifest import DocumentEntry
     from olmocr_tasks.runs import RunFolder
