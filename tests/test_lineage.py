@@ -179,14 +179,16 @@ def test_convert_instances_and_publish_emit_their_datasets(
     s3_out = {(s3_ns, "out/dolma/two.jsonl"), (s3_ns, "out/markdown/two.md")}
     # dag.test() runs every task in one process, whose lineage collector keeps what earlier tasks
     # reported (a deployed task runs in a process of its own): each event must hold its own task's
-    # objects, and the first convert instance none of the second's.
-    assert local_in <= _datasets(complete[("convert", 0)], "inputs")
-    assert local_out <= _datasets(complete[("convert", 0)], "outputs")
-    assert not (s3_in | s3_out) & (
-        _datasets(complete[("convert", 0)], "inputs") | _datasets(complete[("convert", 0)], "outputs")
-    )
-    assert s3_in <= _datasets(complete[("convert", 1)], "inputs")
-    assert s3_out <= _datasets(complete[("convert", 1)], "outputs")
+    # objects, and the convert instance that ran first none of the other's. Which runs first is
+    # dag.test's choice, so the order is read from the events.
+    own = {0: (local_in, local_out), 1: (s3_in, s3_out)}
+    for index, (inputs, outputs) in own.items():
+        assert inputs <= _datasets(complete[("convert", index)], "inputs")
+        assert outputs <= _datasets(complete[("convert", index)], "outputs")
+    first, second = sorted(own, key=lambda index: complete[("convert", index)]["eventTime"])
+    earlier = complete[("convert", first)]
+    reported_first = _datasets(earlier, "inputs") | _datasets(earlier, "outputs")
+    assert not (own[second][0] | own[second][1]) & reported_first
     assert (s3_ns, "out/manifests/s.json") in _datasets(complete[("publish", None)], "outputs")
 
 
