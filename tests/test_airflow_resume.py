@@ -82,7 +82,9 @@ def test_a_retried_convert_try_sends_only_the_pages_the_failed_try_did_not_finis
     airflow = airflow_env.with_env(
         AIRFLOW_CONN_OLMOCR_VLLM=vllm_connection(
             standin.url, standin.model, standin.api_key, outage_window_s=2, read_timeout_s=10, readiness_timeout_s=2
-        )
+        ),
+        # Airflow waits one to two times this before the retry: the server is back by then.
+        OLMOCR_CONVERT_RETRY_DELAY=str(OUTAGE_S + 5),
     )
     standin.configure(latency_s=0.02)
 

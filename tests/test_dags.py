@@ -52,11 +52,35 @@ print(json.dumps({
     "dags": sorted(bag.dags),
     "schedule": ingest.timetable.expression if ingest else None,
     "max_active_runs": ingest.max_active_runs if ingest else None,
+    "convert_retry_delay_s": ingest.get_task("convert").retry_delay.total_seconds() if ingest else None,
     # MessageQueueTrigger(scheme="sqs") must resolve to the amazon provider's trigger.
     "trigger": type(watcher.trigger.trigger).__name__ if watcher else None,
     "queue": watcher.trigger.trigger.sqs_queue if watcher else None,
 }))
 """
+
+
+def _dagbag_report(env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-c", _DAGBAG_REPORT],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_retry_delay_that_is_no_number_is_an_import_error_naming_the_setting(tmp_path: Path) -> None:
+    report = _dagbag_report(base_env(tmp_path) | {"OLMOCR_CONVERT_RETRY_DELAY": "soon"}, tmp_path)
+    assert "olmocr_ingest" not in report["dags"]
+    assert any(
+        "OLMOCR_CONVERT_RETRY_DELAY must be a number of seconds, not 'soon'" in error
+        for error in report["errors"].values()
+    ), report["errors"]
 
 
 @pytest.mark.parametrize("configured", [False, True], ids=["defaults", "configured"])
@@ -67,28 +91,21 @@ def test_dagbag_imports_every_dag_without_errors(tmp_path: Path, configured: boo
             "OLMOCR_SQS_QUEUE_URL": "https://sqs.eu-west-1.amazonaws.com/123456789012/pdf-events",
             "OLMOCR_SCHEDULE": "*/15 * * * *",
             "OLMOCR_MAX_ACTIVE_RUNS": "5",
+            "OLMOCR_CONVERT_RETRY_DELAY": "7.5",
         }
-    result = subprocess.run(
-        [sys.executable, "-c", _DAGBAG_REPORT],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = _dagbag_report(env, tmp_path)
     assert report["errors"] == {}
     assert report["dags"] == ["olmocr_ingest", "olmocr_maintenance", "olmocr_s3_events"]
     assert report["trigger"] == "SqsSensorTrigger"
     if configured:
         assert report["schedule"] == "*/15 * * * *"
         assert report["max_active_runs"] == 5
+        assert report["convert_retry_delay_s"] == 7.5
         assert report["queue"].endswith("/pdf-events")
     else:
         assert report["schedule"] == "0 * * * *"
         assert report["max_active_runs"] == 2
+        assert report["convert_retry_delay_s"] == 60
         assert "set-OLMOCR_SQS_QUEUE_URL" in report["queue"]
 
 

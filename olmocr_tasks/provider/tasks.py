@@ -50,7 +50,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from olmocr_tasks.access import check_run_allowed
 from olmocr_tasks.batching import DEFAULT_BYTES_PER_PAGE, DEFAULT_PARALLEL, BatchingRule, pack_batches
-from olmocr_tasks.config import ConversionSettings
+from olmocr_tasks.config import ConversionSettings, positive_number
 from olmocr_tasks.errors import ConfigurationError, ServerMisconfigured
 from olmocr_tasks.pipeline import (
     RunRequest,
@@ -77,6 +77,7 @@ log = logging.getLogger(__name__)
 POOL = os.environ.get("OLMOCR_POOL", "olmocr_vllm")
 # Downstream DAGs schedule on this; each event's extra names the manifest and carries its counts.
 OUTPUTS_ASSET = Asset(name="olmocr_outputs")
+DEFAULT_CONVERT_RETRY_DELAY = timedelta(minutes=1)
 # publish_manifest emits through this alias: a declared Asset outlet gets an event on every success,
 # which would wake every downstream DAG each hour even when a run converted nothing.
 OUTPUTS_ALIAS = AssetAlias(name="olmocr_outputs_published")
@@ -481,10 +482,23 @@ def plan(event_asset: str | None = None) -> list[dict[str, Any]]:
     return plan_body(get_current_context(), event_asset)
 
 
+def convert_retry_delay() -> timedelta:
+    """The first wait before Airflow retries a convert instance (``OLMOCR_CONVERT_RETRY_DELAY``, seconds).
+
+    Convert is retried for infrastructure reasons only (a server outage, a lost worker), so the right
+    first wait is about how long the deployment's vLLM takes to come back: a pod that reloads the
+    model takes minutes, a shared server behind a load balancer seconds. It doubles per retry.
+    """
+    value = os.environ.get("OLMOCR_CONVERT_RETRY_DELAY")
+    if not value:
+        return DEFAULT_CONVERT_RETRY_DELAY
+    return timedelta(seconds=positive_number("OLMOCR_CONVERT_RETRY_DELAY", value, unit="a number of seconds"))
+
+
 @task(
     pool=POOL,
     retries=3,
-    retry_delay=timedelta(minutes=1),
+    retry_delay=convert_retry_delay(),
     retry_exponential_backoff=2.0,
     max_retry_delay=timedelta(minutes=30),
     retry_policy=INFRASTRUCTURE_RETRIES,
