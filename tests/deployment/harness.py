@@ -436,7 +436,7 @@ class AirflowCluster:
             # The triggerer serves its log on a port; two deployments on one machine must not share it.
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self._ports["trigger_logs"]),
             # A lost worker's task instance is failed (and retried) after this long without heartbeats.
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
             # The DAG files do not change while it runs: parse them at start, rarely again (CPU).
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
@@ -542,6 +542,22 @@ class AirflowCluster:
 
     def kill(self, name: str) -> None:
         self.processes[name].kill()
+
+    def task_attempt_processes(self, ti_id: str) -> list[int]:
+        """The supervisor and the task process of one running try (``ti_id``: its id in the REST API).
+
+        The Task SDK titles the task process ``airflow worker -- <ti id>``; its parent is the
+        supervisor, a Celery pool process, which heartbeats for it.
+        """
+        import psutil
+
+        for name in self.worker_names():
+            for pid in self.processes[name].descendants():
+                with contextlib.suppress(psutil.Error):
+                    process = psutil.Process(pid)
+                    if f"airflow worker -- {ti_id}" in " ".join(process.cmdline()):
+                        return [process.ppid(), process.pid]
+        return []
 
     def stop(self) -> None:
         """Stop every component (workers first), drop the database, stop throwaway servers. Idempotent."""
@@ -673,6 +689,22 @@ class Deployment:
     def output_uri(self) -> str:
         return f"s3://{self.bucket}/scheduled/output/"
 
+    @contextlib.contextmanager
+    def slow_server(self, latency_s: float) -> Iterator[None]:
+        """The stand-in answers every page after ``latency_s`` within the block, so instances overlap."""
+        previous = self.standin.config()["latency_s"]
+        self.standin.configure(latency_s=latency_s)
+        try:
+            yield
+        finally:
+            self.standin.configure(latency_s=previous)
+
+    def running_converts(self) -> list[dict[str, Any]]:
+        """The convert task instances running now, in every DAG and run."""
+        path = "/api/v2/dags/~/dagRuns/~/taskInstances"
+        params = {"task_id": "convert", "state": "running", "limit": 100}
+        return self.api.ok("GET", path, params=params)["task_instances"]
+
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self.api.close()
@@ -681,6 +713,10 @@ class Deployment:
 
 
 EVENTS_PREFIX = "events/input/"
+LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
+CONSUMER_DAGS = REPO_ROOT / "tests" / "deployment" / "dags"
+# A user's downstream DAG, scheduled on the olmocr_outputs asset.
+CONSUMER_DAG = "olmocr_outputs_consumer"
 
 
 @contextlib.contextmanager
@@ -702,7 +738,9 @@ def deployment(moto_url: str, *, pool_slots: int = 3, workers: int = 2) -> Itera
     bucket = f"deployment-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", **clients).create_bucket(Bucket=bucket)
     queue_url = boto3.client("sqs", **clients).create_queue(QueueName=f"{bucket}-events")["QueueUrl"]
-    standin = start_standin_process(latency_s=0.05)
+    # The server wants a key, as a real deployment's would: the connection carries it, and rotating
+    # it on the stand-in mid-run is how a revoked key looks to the tasks.
+    standin = start_standin_process(latency_s=0.05, api_key=secrets.token_urlsafe(24))
     empty = work_dir / "no-aws-config"
     env = {
         "AIRFLOW_CONN_OLMOCR_VLLM": vllm_connection(standin.url, standin.model, standin_api_key(standin)),
@@ -716,12 +754,20 @@ def deployment(moto_url: str, *, pool_slots: int = 3, workers: int = 2) -> Itera
         # Every minute, so a test sees the scheduler's own run of a real interval within minutes.
         "OLMOCR_SCHEDULE": "* * * * *",
         "OLMOCR_MAX_ACTIVE_RUNS": "4",
-        # Scheduled and backfill runs look exactly at their own interval here, so the tests can tell
-        # which run converted what; the lookback overlap has its own tests.
-        "OLMOCR_LOOKBACK_INTERVALS": "0",
+        # OLMOCR_LOOKBACK_INTERVALS is left at its default (one interval), as a deployment would run.
+        # A lost worker's convert instance is retried after 10-20 s instead of 1-2 min: the stand-in
+        # never goes away, so the wait a vLLM restart needs would only lengthen the tests.
+        "OLMOCR_CONVERT_RETRY_DELAY": "10",
         # Runs triggered with their own prefixes (every test but the scheduled one) stay in the bucket.
         "OLMOCR_ALLOWED_INPUTS": f"s3://{bucket}/",
         "OLMOCR_ALLOWED_OUTPUTS": f"s3://{bucket}/",
+        # The product's dags/ and, in a bundle of its own, a downstream DAG of the outputs asset.
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(
+            [
+                {"name": "dags-folder", "classpath": LOCAL_BUNDLE, "kwargs": {}},
+                {"name": "test-consumers", "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(CONSUMER_DAGS)}},
+            ]
+        ),
         "OLMOCR_SQS_QUEUE_URL": queue_url,
         "OLMOCR_SQS_WAITER_DELAY": "2",
     }
@@ -730,7 +776,7 @@ def deployment(moto_url: str, *, pool_slots: int = 3, workers: int = 2) -> Itera
     try:
         cluster.start()
         api = AirflowApi(cluster.api_url, ADMIN_USER, cluster.admin_password)
-        for dag_id in ("olmocr_ingest", "olmocr_s3_events"):
+        for dag_id in ("olmocr_ingest", "olmocr_s3_events", CONSUMER_DAG):
             api.wait_for_dag(dag_id)
         result = Deployment(cluster, moto_url, standin, bucket, queue_url, api)
         yield result
@@ -742,4 +788,5 @@ def deployment(moto_url: str, *, pool_slots: int = 3, workers: int = 2) -> Itera
 
 
 def standin_api_key(standin: Any) -> str | None:
-    return getattr(standin, "api_key", None)
+    """The key the stand-in wants now (its control API reports it; the model API never does)."""
+    return standin.config().get("api_key")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 import httpx
 import pytest
 
+from olmocr_tasks.manifest import manifest_uri
 from tests.deployment.corpus import Bucket, assert_outputs_name_their_pages, converted, documents
-from tests.deployment.harness import Deployment
+from tests.deployment.harness import CONSUMER_DAG, Deployment, wait_until
 
 # The first test of a session also pays for starting the deployment (one to three minutes on a
 # loaded 2-core machine); runs wait on a real scheduler and real Celery workers.
@@ -54,3 +58,57 @@ def test_trigger_without_a_token_is_refused(deployment: Deployment) -> None:
     )
 
     assert response.status_code == 401
+
+
+def _outputs_events(deployment: Deployment, run_id: str) -> list[dict[str, Any]]:
+    params = {"source_dag_id": DAG, "source_run_id": run_id, "limit": 100}
+    return deployment.api.ok("GET", "/api/v2/assets/events", params=params)["asset_events"]
+
+
+def _consumed_by(deployment: Deployment, run: dict[str, Any]) -> set[str]:
+    """The source runs of the asset events that triggered a run of the consumer DAG."""
+    path = f"/api/v2/dags/{CONSUMER_DAG}/dagRuns/{run['dag_run_id']}/upstreamAssetEvents"
+    return {event["source_run_id"] for event in deployment.api.ok("GET", path)["asset_events"]}
+
+
+def test_only_a_run_that_converted_something_wakes_the_outputs_consumers(
+    deployment: Deployment, bucket: Bucket, ingest_unpaused: None
+) -> None:
+    prefix = f"outputs-events-{uuid.uuid4().hex[:6]}/"
+    source = bucket.put_pdf(f"{prefix}input/only.pdf", doc_id=121)
+    output = bucket.uri(prefix + "output/")
+    conf = {"input_uri": bucket.uri(prefix + "input/"), "output_uri": output}
+    deployment.api.set_paused(CONSUMER_DAG, False)
+    try:
+        runs = []
+        # The second run finds the PDF already converted: nothing new, yet a manifest to publish.
+        for _ in range(2):
+            response = deployment.api.trigger(DAG, conf)
+            assert response.status_code == 200, response.text
+            runs.append(deployment.api.wait_for_run(DAG, response.json()["dag_run_id"]))
+        converting, idle = runs
+        assert converting["state"] == idle["state"] == "success"
+        first = bucket.manifest(output, DAG, converting["dag_run_id"])
+        second = bucket.manifest(output, DAG, idle["dag_run_id"])
+        assert first is not None and converted(first) == {source}
+        assert second is not None, "a run that converted nothing still publishes its manifest"
+        assert second["counts"]["converted"] == 0 and second["counts"]["already_converted"] == 1
+
+        [event] = _outputs_events(deployment, converting["dag_run_id"])
+        assert event["name"] == "olmocr_outputs"
+        assert event["extra"]["manifest"] == manifest_uri(output, f"{DAG}__{converting['dag_run_id']}")
+        assert _outputs_events(deployment, idle["dag_run_id"]) == []
+
+        def consumer_run_of_the_converting_run() -> dict[str, Any] | None:
+            for run in deployment.api.dag_runs(CONSUMER_DAG):
+                if converting["dag_run_id"] in _consumed_by(deployment, run):
+                    return run
+            return None
+
+        woken = wait_until(consumer_run_of_the_converting_run, 300, 2, what="the consumer DAG woken by the event")
+        assert deployment.api.wait_for_run(CONSUMER_DAG, woken["dag_run_id"])["state"] == "success"
+        assert all(
+            idle["dag_run_id"] not in _consumed_by(deployment, run) for run in deployment.api.dag_runs(CONSUMER_DAG)
+        )
+    finally:
+        deployment.api.set_paused(CONSUMER_DAG, True)
