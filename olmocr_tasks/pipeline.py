@@ -22,6 +22,7 @@ from olmocr_tasks import __version__
 from olmocr_tasks.config import ConversionSettings
 from olmocr_tasks.conversion import ConversionEngine
 from olmocr_tasks.discovery import MissingSource, iter_pdfs, resolve_explicit
+from olmocr_tasks.errors import ServerMisconfigured
 from olmocr_tasks.gpu_busy import NOTHING_SENT, GpuBusy
 from olmocr_tasks.ledger import Ledger, LedgerSnapshot, conversion_key, fingerprint
 from olmocr_tasks.manifest import NOT_CONVERTED, DocumentEntry, Manifest, count_entries, manifest_uri, utc_now
@@ -275,19 +276,39 @@ def convert_batch(
             len(remaining),
         )
 
+    saved: set[str] = set()
+
     async def save_entry(entry: DocumentEntry) -> None:
         await asyncio.to_thread(attempt.write_entry, entry)
+        saved.add(entry.source)
 
-    result = asyncio.run(
-        convert_sources(
-            request,
-            storage,
-            remaining,
-            task_context=task_context,
-            on_document=save_entry,
-            progress_stream=progress_stream,
+    try:
+        result = asyncio.run(
+            convert_sources(
+                request,
+                storage,
+                remaining,
+                task_context=task_context,
+                on_document=save_entry,
+                progress_stream=progress_stream,
+            )
         )
-    )
+    except ServerMisconfigured as exc:
+        # The server refuses this client (a key revoked or rotated, another model): nothing retries
+        # that, so the attempt stops here. Its unfinished documents say why in the manifest instead of
+        # the generic "its batch did not finish"; they stay ``not_converted`` and later runs retry them.
+        for source in remaining:
+            if source.uri not in saved:
+                attempt.write_entry(
+                    DocumentEntry(
+                        source=source.uri,
+                        status="failed",
+                        size=source.info.size,
+                        error_class=NOT_CONVERTED,
+                        error=f"the inference server refused this run ({exc}); later runs retry it",
+                    )
+                )
+        raise
     by_source = finished | {entry.source: entry for entry in result.entries}
     entries = [by_source[source.uri] for source in sources if source.uri in by_source]
     gpu_busy = attempt.carried_gpu_busy.plus(result.gpu_busy)

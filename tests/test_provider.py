@@ -553,6 +553,10 @@ def test_a_rejected_api_key_fails_the_convert_task_without_retries(tmp_path: Pat
     standin_conn.configure(api_key="rotated-while-the-run-was-queued")
     with pytest.raises(AirflowFailException, match=r"rejected this task: .*HTTP 401"):
         tasks.convert_body(run.ctx("convert"), batch)
+    # The manifest says why the document was not converted, and it stays for later runs to retry.
+    (entry,) = json.loads(Path(run.publish()["manifest"]).read_text())["documents"]
+    assert (entry["status"], entry["error_class"]) == ("failed", "not_converted")
+    assert "refused this run" in entry["error"] and "HTTP 401" in entry["error"]
 
 
 def test_plan_refuses_a_server_that_reports_another_model(tmp_path: Path, standin_conn: StandinServer) -> None:

@@ -5,7 +5,8 @@ instance is midway, the stand-in's key changes (as when an operator revokes or r
 request of this deployment's tasks now gets 401. Retrying cannot help, so each convert instance that
 meets the 401 fails at its first try without Airflow retries (the task has retries for outages),
 saying why in its log; the manifest is still published, with what was converted before the
-rotation and the rest recorded as not converted (re-driven by a later run). The key itself reaches
+rotation and the rest recorded as not converted because the server refused the run (re-driven by a
+later run). The key itself reaches
 no task log, XCom or manifest.
 """
 
@@ -88,7 +89,9 @@ def test_a_key_rotated_mid_run_fails_convert_at_its_first_try_without_leaking_it
     done = converted(manifest)
     assert done, "the rotation came after some output was written: that document stays converted"
     for source in set(doc_ids) - done:
-        assert docs[source]["status"] == "failed" and docs[source]["error"], docs[source]
+        # Not converted, saying why; later runs retry it.
+        assert (docs[source]["status"], docs[source]["error_class"]) == ("failed", "not_converted"), docs[source]
+        assert "refused this run" in docs[source]["error"] and "401" in docs[source]["error"], docs[source]
     assert manifest["counts"]["converted"] == len(done)
     assert manifest["counts"]["pages"] == sum(docs[source]["pages"] for source in done)
 
