@@ -8,6 +8,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Test processes: the deployment tier runs on one of them while the other tests spread over the rest.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test up up-cluster bench lint clean prerequisites system-packages
 
@@ -17,7 +19,7 @@ demo: prerequisites $(STAMP)
 
 test: prerequisites $(STAMP)
 	@scripts/system-packages.sh tesseract-ocr chromium $$(scripts/service-packages.sh)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 up: prerequisites $(STAMP)
 	@scripts/system-packages.sh tesseract-ocr
