@@ -300,13 +300,7 @@ def convert_batch(
         for source in remaining:
             if source.uri not in saved:
                 attempt.write_entry(
-                    DocumentEntry(
-                        source=source.uri,
-                        status="failed",
-                        size=source.info.size,
-                        error_class=NOT_CONVERTED,
-                        error=f"the inference server refused this run ({exc}); later runs retry it",
-                    )
+                    not_converted(source, f"the inference server refused this run ({exc}); later runs retry it")
                 )
         raise
     by_source = finished | {entry.source: entry for entry in result.entries}
@@ -345,6 +339,13 @@ def convert_time_limit(pages: int, documents: int, settings: ConversionSettings)
     return timedelta(seconds=math.ceil(seconds))
 
 
+def not_converted(source: SourceDocument, reason: str) -> DocumentEntry:
+    """The entry of a planned document no attempt converted or failed: a failure of its run, re-driven later."""
+    return DocumentEntry(
+        source=source.uri, status="failed", size=source.info.size, error_class=NOT_CONVERTED, error=reason
+    )
+
+
 def build_manifest(
     request: RunRequest,
     plan: RunPlan,
@@ -362,12 +363,8 @@ def build_manifest(
     for source in plan.sources:
         entry = entries_by_source.get(source.uri)
         if entry is None:
-            entry = DocumentEntry(
-                source=source.uri,
-                status="failed",
-                size=source.info.size,
-                error_class=NOT_CONVERTED,
-                error="its batch did not finish (see the task log); it will be retried by the next run",
+            entry = not_converted(
+                source, "its batch did not finish (see the task log); it will be retried by the next run"
             )
         documents.append(entry)
     return Manifest(

@@ -221,10 +221,8 @@ def parse_completion(payload: Any, model_max_context: int = 16384) -> Completion
         raise CompletionFormatError("response has no choices[0].message.content") from None
     if not isinstance(content, str):
         raise CompletionFormatError("message content is not a string")
-    usage = payload.get("usage") or {}
-    input_tokens = _as_count(usage.get("prompt_tokens"))
-    output_tokens = _as_count(usage.get("completion_tokens"))
-    total_tokens = _as_count(usage.get("total_tokens")) or input_tokens + output_tokens
+    input_tokens, output_tokens, reported_total = _usage_counts(payload)
+    total_tokens = reported_total or input_tokens + output_tokens
     finish_reason = choice.get("finish_reason")
     response = parse_front_matter(content)
     return Completion(
@@ -239,10 +237,17 @@ def parse_completion(payload: Any, model_max_context: int = 16384) -> Completion
 
 def usage_tokens(payload: dict[str, Any]) -> int:
     """Prompt plus completion tokens that an answer's ``usage`` block reports (0 where it reports none)."""
+    input_tokens, output_tokens, _ = _usage_counts(payload)
+    return input_tokens + output_tokens
+
+
+def _usage_counts(payload: dict[str, Any]) -> tuple[int, int, int]:
+    """Prompt, completion and total tokens of an answer's ``usage`` block (0 for each one it lacks)."""
     usage = payload.get("usage")
     if not isinstance(usage, dict):
-        return 0
-    return _as_count(usage.get("prompt_tokens")) + _as_count(usage.get("completion_tokens"))
+        return 0, 0, 0
+    count = _as_count
+    return count(usage.get("prompt_tokens")), count(usage.get("completion_tokens")), count(usage.get("total_tokens"))
 
 
 def _as_count(value: Any) -> int:

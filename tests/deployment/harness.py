@@ -124,9 +124,7 @@ class Process:
                 os.killpg(self.popen.pid, signum)
             else:
                 os.kill(self.popen.pid, signum)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
+        signal_each(pids, signum)
 
     def kill(self) -> None:
         """SIGKILL it, its group and every descendant that left it, as a lost machine would."""
@@ -143,6 +141,13 @@ class Process:
             self._signal(signal.SIGKILL, stragglers)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=5)
+
+
+def signal_each(pids: list[int], signum: int) -> None:
+    """Send ``signum`` to each process that still exists."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
 
 
 def _die_with_parent() -> None:

@@ -14,6 +14,7 @@ from tests.deployment.corpus import Bucket
 from tests.deployment.harness import Deployment, wait_until
 
 DAG = "olmocr_ingest"
+MINUTE = timedelta(minutes=1)
 FINISHED = ("success", "failed")
 # OLMOCR_LOOKBACK_INTERVALS is not set by the deployment: its scheduled runs use the default.
 LOOKBACK_INTERVALS = 1
@@ -99,6 +100,3 @@ def next_interval_end(run: dict[str, Any]) -> datetime:
 
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-MINUTE = timedelta(minutes=1)

@@ -9,7 +9,6 @@ answers slowly enough (and each instance sends one page at a time) that instance
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import time
 import uuid
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.deployment.corpus import Bucket, assert_outputs_name_their_pages, converted, documents
-from tests.deployment.harness import POOL, Deployment, wait_until
+from tests.deployment.harness import POOL, Deployment, signal_each, wait_until
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]
 
@@ -146,12 +145,6 @@ def test_a_killed_worker_loses_no_page(deployment: Deployment, bucket: Bucket, i
     _assert_every_page_counted_once(bucket, output, run_id, doc_ids)
 
 
-def _signal_all(pids: list[int], signum: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-
-
 def _alive(pid: int) -> bool:
     import psutil
 
@@ -186,7 +179,7 @@ def test_a_stale_attempt_that_comes_back_changes_nothing_its_retry_did(
         victim = _attempt_midway(deployment, bucket, prefix, run_id)
         stale = deployment.cluster.task_attempt_processes(victim["id"])
         assert len(stale) == 2, f"no supervisor and task process found for {victim['id']}"
-        _signal_all(stale, signal.SIGSTOP)
+        signal_each(stale, signal.SIGSTOP)
         try:
 
             def retry_running() -> list[dict[str, Any]] | None:
@@ -195,7 +188,7 @@ def test_a_stale_attempt_that_comes_back_changes_nothing_its_retry_did(
 
             tries = wait_until(retry_running, timeout=900, interval=1, what="the retry of the silent attempt")
         finally:
-            _signal_all(stale, signal.SIGCONT)
+            signal_each(stale, signal.SIGCONT)
         run = deployment.api.wait_for_run(DAG, run_id, timeout=900)
     # The supervisor is a Celery pool process and stays; the task process ends once it learns its try is over.
     task_process = stale[1]
