@@ -10,8 +10,9 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Test processes: the deployment tier runs on one of them while the other tests spread over the rest.
 TEST_WORKERS ?= 2
+UV_VERSION := 0.13.9
 
-.PHONY: demo test up up-cluster bench lint clean prerequisites system-packages
+.PHONY: demo test up up-cluster bench lint lock clean prerequisites system-packages
 
 demo: prerequisites $(STAMP)
 	@scripts/system-packages.sh tesseract-ocr
@@ -39,13 +40,22 @@ lint: $(STAMP)
 prerequisites:
 	@scripts/prerequisites.sh $(PYTHON)
 
-$(STAMP): pyproject.toml
+# Installs come from the lock (constraints.txt): the same versions on every machine and in CI.
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 	@# Bytecode compiled at install: every Airflow subprocess would otherwise recompile its imports when
 	@# PYTHONDONTWRITEBYTECODE is set (as on some CI machines).
-	$(BIN)/uv pip install --quiet --compile-bytecode -p $(BIN)/python -e ".[airflow,deploy,s3,test]"
+	$(BIN)/uv pip install --quiet --compile-bytecode -p $(BIN)/python -e ".[airflow,deploy,s3,test]" \
+		-c constraints.txt
 	@touch $(STAMP)
+
+# Re-resolves pyproject.toml's ranges to the newest releases and rewrites the lock; review the diff, run
+# make test, commit both.
+lock: $(STAMP)
+	@{ sed -n '1,3p' constraints.txt; $(BIN)/uv pip compile pyproject.toml --extra airflow --extra deploy \
+		--extra s3 --extra test --extra cpu --python-version 3.11 --universal --no-header -q; } > constraints.txt.new
+	@mv constraints.txt.new constraints.txt
 
 clean:
 	rm -rf $(VENV) .airflow .airflow-cluster demo-output test-output .pytest_cache
