@@ -34,6 +34,9 @@ class CorpusSpec:
 
 FULL = CorpusSpec("full", huge_pages=150, long_documents=16, long_range=(20, 50), short_documents=83,
                   short_range=(1, 5), min_pages=1000)  # fmt: skip
+# About five minutes of a GPU-like server (64 x 20-40 s, ~2.1 pages/s): bench/hung_requests.py --regime gpu.
+MEDIUM = CorpusSpec("medium", huge_pages=100, long_documents=10, long_range=(20, 40), short_documents=60,
+                    short_range=(1, 5), min_pages=600)  # fmt: skip
 QUICK = CorpusSpec("quick", huge_pages=60, long_documents=4, long_range=(20, 30), short_documents=25,
                    short_range=(1, 5), min_pages=200)  # fmt: skip
 
@@ -96,13 +99,13 @@ def _load_or_build(folder: Path, documents: list[tuple[str, int, int]]) -> Corpu
     return Corpus(folder, tuple((name, pages) for name, pages, _ in documents))
 
 
-def mixed_corpus(seed: int = 1, quick: bool = False, light: bool = False) -> Corpus:
+def mixed_corpus(seed: int = 1, quick: bool = False, light: bool = False, spec: CorpusSpec | None = None) -> Corpus:
     """The main corpus for ``seed``: ≥ 1,000 pages in ≥ 100 documents (≈ 230 pages with ``quick``).
 
     ``light``: the same documents with only 2-6 body lines per page, a quarter of the rendering cost;
     for experiments about the server's queue, which need the server (not our CPU) to be the limit.
     """
-    spec = QUICK if quick else FULL
+    spec = spec or (QUICK if quick else FULL)
     body_lines = (2, 6) if light else (24, 48)
     plan = _plan(spec, seed, body_lines)
     documents = [(f"doc{index:03d}.pdf", pages, lines) for index, (pages, lines) in enumerate(plan)]

@@ -99,8 +99,15 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         "--hedge-multiple",
         type=_positive_float,
         default=ServerSettings.hedge_multiple,
-        help="hedge a page outstanding this many times the recent p95 answer time "
-        f"(default {ServerSettings.hedge_multiple:g})",
+        help="while vLLM's queue holds requests, hedge a page outstanding this many times the recent p95 "
+        f"answer time (default {ServerSettings.hedge_multiple:g})",
+    )
+    parser.add_argument(
+        "--hedge-idle-multiple",
+        type=_positive_float,
+        default=ServerSettings.hedge_idle_multiple,
+        help="while vLLM's queue is empty, hedge a page outstanding this many times the recent p95 answer "
+        f"time since the queue emptied (default {ServerSettings.hedge_idle_multiple:g})",
     )
     parser.add_argument("--no-hedging", action="store_true", help="never send a second request for a slow page")
     parser.add_argument("--gpu-hour-price", type=float, help="price of one GPU hour, for the cost estimate")
@@ -170,6 +177,7 @@ def _convert(args: argparse.Namespace) -> int:
             hedge_requests=not args.no_hedging,
             hedge_min_delay_s=args.hedge_min_delay,
             hedge_multiple=args.hedge_multiple,
+            hedge_idle_multiple=args.hedge_idle_multiple,
         ),
         page=PageSettings(
             target_longest_image_dim=args.target_longest_image_dim, max_page_retries=args.max_page_retries

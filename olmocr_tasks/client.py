@@ -61,6 +61,7 @@ from olmocr_tasks.protocol import usage_tokens
 from olmocr_tasks.readiness import ModelsProbe, wait_ready
 from olmocr_tasks.redaction import redact_text, redact_url
 from olmocr_tasks.replicas import COOLOFF_INITIAL_S, Replica, ReplicaSet, ReplicaStats
+from olmocr_tasks.vllm_metrics import QueueSample
 
 log = logging.getLogger(__name__)
 
@@ -419,47 +420,47 @@ class InferenceClient:
         raise ServerUnavailable(self._breaker.open_message or "inference server unavailable")
 
     async def _complete_hedged(self, body: bytes, on_hedge: Callable[[], None] | None) -> dict[str, Any]:
-        """The request, plus a hedge whenever the newest request is outstanding past the hedge delay
-        and the server has room; the first answer wins and the others are cancelled."""
+        """The request, plus a hedge whenever the newest request is outstanding past its hedge time
+        (``HedgePolicy.due_at``) and the server has room; the first answer wins and the others are
+        cancelled."""
         arms = {asyncio.ensure_future(self._complete_with_retries(body))}
         newest_started = self._clock()
-        # While the server has no room for a hedge, look again once its queue or the window may
-        # have moved (rather than at the hedge delay, which has passed).
-        recheck_at: float | None = None
         hedges = 0
         failure: BaseException | None = None
         try:
             while True:
                 may_hedge = self._hedging.enabled and hedges < self._hedging.max_hedges
-                delay = self._hedging.delay() if may_hedge else None
-                if delay is None:
-                    # Without a latency history yet, look again later: a request that hangs among
-                    # the first pages of a run must not wait for its read timeout.
-                    due_at = self._clock() + self._settings.metrics_poll_interval_s if may_hedge else None
-                else:
-                    due_at = max(newest_started + delay, recheck_at or -math.inf)
-                timeout = None if due_at is None else max(0.0, due_at - self._clock())
-                done, _ = await asyncio.wait(arms, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                for arm in done:
-                    arms.discard(arm)
-                    error = arm.exception()
-                    if error is None:
-                        return arm.result()
-                    if not isinstance(error, AttemptFailed):
-                        raise error
-                    # This request failed; another still outstanding may yet answer.
-                    failure = failure or error
-                if not arms:
-                    assert failure is not None
-                    raise failure
-                if done or delay is None:
-                    continue
-                if not self._room_for_hedge():
-                    recheck_at = self._clock() + self._settings.metrics_poll_interval_s
+                timeout: float | None = None
+                hedge_now = False
+                if may_hedge:
+                    self._hedging.observe_server(self._server_idle(), self._clock())
+                    due_at = self._hedging.due_at(newest_started)
+                    now = self._clock()
+                    # Look again at least once per /metrics poll: the server's queue, and with it the
+                    # rule that applies, may change; a request hung among the first pages of a run must
+                    # be hedged once a latency history exists; a server without room may get some.
+                    timeout = self._settings.metrics_poll_interval_s
+                    if due_at is not None and due_at > now:
+                        timeout = min(timeout, due_at - now)
+                    elif due_at is not None and self._room_for_hedge():
+                        hedge_now = True
+                if not hedge_now:
+                    done, _ = await asyncio.wait(arms, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                    for arm in done:
+                        arms.discard(arm)
+                        error = arm.exception()
+                        if error is None:
+                            return arm.result()
+                        if not isinstance(error, AttemptFailed):
+                            raise error
+                        # This request failed; another still outstanding may yet answer.
+                        failure = failure or error
+                    if not arms:
+                        assert failure is not None
+                        raise failure
                     continue
                 arms.add(asyncio.ensure_future(self._hedge(body)))
                 newest_started = self._clock()
-                recheck_at = None
                 hedges += 1
                 if on_hedge is not None:
                     on_hedge()
@@ -468,13 +469,24 @@ class InferenceClient:
                 arm.cancel()
             await asyncio.gather(*arms, return_exceptions=True)
 
+    def _fresh_samples(self) -> list[QueueSample]:
+        now = self._clock()
+        return [r.sample for r in self._replicas if r.sample is not None and not r.cooling(now)]
+
+    def _server_idle(self) -> bool:
+        """Is nothing waiting in the server's queue? vLLM's metrics say so when they are read; without
+        them, a client whose window has room (and nobody waiting for it) has nothing queued anywhere."""
+        samples = self._fresh_samples()
+        if self._window.adaptive and samples:
+            return sum(s.waiting for s in samples) == 0
+        return self._limiter.in_use < self._limiter.limit and self._limiter.waiting == 0
+
     def _room_for_hedge(self) -> bool:
         """Does the server have spare capacity for a second request? Its queue says so when vLLM's
         metrics are read; otherwise a free place in the in-flight window does."""
         if self._hedges_in_flight >= _hedge_cap(self._window.controller.ceiling):
             return False
-        now = self._clock()
-        samples = [r.sample for r in self._replicas if r.sample is not None and not r.cooling(now)]
+        samples = self._fresh_samples()
         if self._window.adaptive and samples:
             return sum(s.waiting for s in samples) <= sum(target_waiting(s.running) for s in samples)
         return self._limiter.in_use < self._limiter.limit
@@ -482,7 +494,7 @@ class InferenceClient:
     async def _hedge(self, body: bytes) -> dict[str, Any]:
         self._hedges_in_flight += 1
         self._hedged += 1
-        log.debug("hedging a request outstanding past %.1f s", self._hedging.delay() or 0.0)
+        log.debug("hedging a slow request (recent p95 answer time %.2f s)", self._hedging.typical() or 0.0)
         try:
             return await self._complete_with_retries(body)
         finally:

@@ -37,13 +37,15 @@ class ServerSettings:
     # without an answer such as timeouts, the server also fails its readiness probes), the server is
     # declared unavailable and the conversion stops (it never degrades an outage into fallback pages).
     outage_window_s: float = 180.0
-    # A request outstanding for hedge_multiple x the hedge_percentile of recent answer times (and at
-    # least hedge_min_delay_s, so long pages are not hedged early) gets a second request for the same
-    # page when the server has room; the first answer wins. Hedges are never page attempts.
+    # A request outstanding for hedge_multiple x the hedge_percentile of recent answer times, or
+    # hedge_idle_multiple x that after the server's queue emptied, and never before hedge_min_delay_s,
+    # gets a second request for the same page when the server has room; the first answer wins (see
+    # olmocr_tasks.hedging). Hedges are never page attempts.
     hedge_requests: bool = True
     hedge_percentile: float = 0.95
     hedge_multiple: float = 3.0
-    hedge_min_delay_s: float = 120.0
+    hedge_idle_multiple: float = 1.25
+    hedge_min_delay_s: float = 1.0
     max_hedges_per_request: int = 2
     max_concurrent_requests: int = 64
     # Read vLLM's /metrics and shrink the in-flight window when its waiting queue grows.

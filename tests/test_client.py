@@ -16,7 +16,6 @@ from aiohttp import web
 from olmocr_tasks.client import InferenceClient
 from olmocr_tasks.config import PageSettings, ServerSettings
 from olmocr_tasks.errors import AttemptFailed, ConfigurationError, ServerNotReady, ServerUnavailable
-from olmocr_tasks.hedging import HedgePolicy
 from olmocr_tasks.outage import OutageBreaker
 from olmocr_tasks.pages import PageConverter
 from olmocr_tasks.protocol import RequestBodyBuilder
@@ -780,19 +779,6 @@ def test_breaker_stale_probe_confirms_nothing() -> None:
     assert not breaker.is_open and breaker.failing_since is None
 
 
-def test_hedge_delay_is_a_multiple_of_the_recent_high_percentile_above_a_floor() -> None:
-    policy = HedgePolicy(ServerSettings(hedge_multiple=3.0, hedge_percentile=0.95, hedge_min_delay_s=120.0))
-    for _ in range(19):
-        policy.record(30.0)
-    assert policy.delay() is None  # 19 answers are no distribution yet
-    policy.record(30.0)
-    assert policy.delay() == 120.0  # 3 x 30 s is under the floor
-    for _ in range(20):
-        policy.record(60.0)
-    assert policy.delay() == 180.0  # p95 of 20 x 30 s and 20 x 60 s is 60 s
-    assert HedgePolicy(ServerSettings(hedge_requests=False)).delay() is None
-
-
 # -- hung requests and hedging against the stand-in ----------------------------------------------------
 
 
@@ -850,8 +836,6 @@ def hedging_settings(server: StandinServer, **overrides: Any) -> ServerSettings:
         "read_timeout_s": 30.0,  # the 45-s guard fails the test if only the read timeout rescues a page
         "request_retry_budget_s": 60.0,
         "outage_window_s": 60.0,
-        "hedge_min_delay_s": 0.2,
-        "hedge_multiple": 3.0,
     }
     values.update(overrides)
     return fast_settings(server, **values)

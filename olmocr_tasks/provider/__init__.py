@@ -80,12 +80,23 @@ def get_provider_info() -> dict[str, Any]:
                     },
                     "hedge_min_delay_s": {
                         "label": "Hedge floor (s)",
-                        "description": "Never hedge a request outstanding for less than this (default 120).",
+                        "description": "Never hedge a request outstanding for less than this (default 1).",
                         "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
                     },
                     "hedge_multiple": {
                         "label": "Hedge multiple of p95",
-                        "description": "Hedge after this many times the recent p95 answer time (default 3).",
+                        "description": (
+                            "While vLLM's queue holds requests, hedge after this many times the recent p95 "
+                            "answer time (default 3)."
+                        ),
+                        "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                    },
+                    "hedge_idle_multiple": {
+                        "label": "Hedge multiple of p95, idle server",
+                        "description": (
+                            "While vLLM's queue is empty, hedge after this many times the recent p95 answer "
+                            "time since it emptied (default 1.25)."
+                        ),
                         "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
                     },
                 },

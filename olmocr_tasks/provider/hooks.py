@@ -13,7 +13,8 @@ Connection fields:
   first); ``max_concurrent_requests``; ``verify_tls``; any of the timeouts
   ``connect_timeout_s``, ``read_timeout_s``, ``write_timeout_s``, ``readiness_timeout_s``,
   ``request_retry_budget_s``, ``outage_window_s``; and the hedging knobs ``hedge_requests``
-  (boolean, on by default), ``hedge_min_delay_s`` and ``hedge_multiple`` (see ``ServerSettings``).
+  (boolean, on by default), ``hedge_min_delay_s``, ``hedge_multiple`` and ``hedge_idle_multiple`` (see
+  ``ServerSettings`` and ``olmocr_tasks.hedging``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ _FLOAT_EXTRAS = (
     "outage_window_s",
     "hedge_min_delay_s",
     "hedge_multiple",
+    "hedge_idle_multiple",
 )
 _BOOL_EXTRAS = ("verify_tls", "hedge_requests")
 
