@@ -44,7 +44,12 @@ def test_explicit_lists_win_over_the_configured_locations() -> None:
 
 
 def test_nothing_configured_means_unrestricted() -> None:
-    _policy().check_run("/data/in", "s3://any/out", ["/etc/passwd"])
+    policy = _policy()
+    assert policy == AccessPolicy(inputs=None, outputs=None)
+    # Every location is allowed on both sides: none of these raises.
+    policy.check_run("/data/in", "s3://any/out", ["/etc/passwd", "s3://other-bucket/a.pdf"])
+    policy.check_input("s3://scans/incoming/../private/a.pdf")
+    policy.check_output("/tmp/anywhere")
 
 
 @pytest.mark.parametrize(

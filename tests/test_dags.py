@@ -128,17 +128,24 @@ def test_ingest_dag_structure(dagbag: Any) -> None:
     dag = dagbag.dags["olmocr_ingest"]
     assert isinstance(dag.timetable, CronDataIntervalTimetable)
     assert dag.catchup is False
-    assert _downstream(dag) == {
-        "check_server": {"plan"},
-        # publish waits for plan too: it must never read an earlier pass's plan of a cleared run.
-        "plan": {"convert", "publish_manifest"},
-        "convert": {"publish_manifest"},
-        "publish_manifest": {"enforce_error_budget"},
-        "enforce_error_budget": set(),
-    }
+
+    def upstream(task_id: str) -> set[str]:
+        return set(dag.get_task(task_id).get_flat_relative_ids(upstream=True))
+
+    # What the graph must guarantee, read from the DAG itself rather than a copy of its edges:
+    # nothing runs before the server answers, and the budget is judged last, on the published manifest.
+    assert [task.task_id for task in dag.roots] == ["check_server"]
+    assert [task.task_id for task in dag.leaves] == ["enforce_error_budget"]
+    assert all("check_server" in upstream(task.task_id) for task in dag.tasks if task.task_id != "check_server")
+    assert upstream("enforce_error_budget") == {task.task_id for task in dag.tasks} - {"enforce_error_budget"}
+    # convert fans out over what plan returns: one instance per planned batch.
+    convert = dag.get_task("convert")
+    assert [task.task_id for task in convert.iter_mapped_dependencies()] == ["plan"]
+    # publish reads every convert instance's part, and waits for plan directly, not only through
+    # convert: a cleared run whose convert had mapped to nothing must not publish an earlier pass's plan.
+    assert dag.get_task("publish_manifest").upstream_task_ids == {"plan", "convert"}
     # Deferrable: waits for a starting vLLM in the triggerer, not in a worker slot.
     assert type(dag.get_task("check_server")).__name__ == "CheckVllmServerOperator"
-    convert = dag.get_task("convert")
     assert convert.pool == "olmocr_vllm"
     assert convert.map_index_template == "{{ batch_label }}"
     assert dag.get_task("publish_manifest").trigger_rule == TriggerRule.ALL_DONE

@@ -254,9 +254,17 @@ def test_storage_options_come_from_the_aws_connection(
     assert DUMMY_SECRET not in repr(storage)
 
 
-def test_local_uris_never_ask_aws_for_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_local_uris_never_ask_aws_for_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(hooks, "storage_options", lambda *_: pytest.fail("AWS was consulted"))
-    hooks.storage_for(["/data/in", "file:///data/out"])
+    source, output = tmp_path / "in", tmp_path / "out"
+    storage = hooks.storage_for([str(source), f"file://{output}"])
+    # A storage without S3 options that reads and writes both locations.
+    assert repr(storage).startswith("Storage(endpoint_url=None,")
+    storage.write_bytes_atomic(f"file://{output}/x.json", b"{}")
+    storage.write_bytes_atomic(str(source / "a.pdf"), b"%PDF")
+    assert (output / "x.json").read_bytes() == b"{}"
+    assert storage.read_bytes(str(source / "a.pdf")) == b"%PDF"
+    assert [info.uri for info in storage.list_objects(str(source))] == [str(source / "a.pdf")]
 
 
 @pytest.mark.parametrize(

@@ -83,30 +83,49 @@ def test_target_size_rounds_to_the_exact_longest_side() -> None:
         target_size(0, 792, 1288, 10**9)
 
 
-def test_default_render_workers_is_bounded() -> None:
-    assert 1 <= default_render_workers() <= 4
+@pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 2), (3, 2), (4, 3), (5, 4), (64, 4)])
+def test_default_render_workers_leaves_a_core_for_the_loop_above_two_at_most_four(
+    monkeypatch: pytest.MonkeyPatch, cores: int, workers: int
+) -> None:
+    # The cores this process may run on (a container's CPU set), not the machine's.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 128)
+    assert default_render_workers() == workers
+
+
+def test_default_render_workers_falls_back_to_the_cpu_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unsupported(_pid: int) -> set[int]:
+        raise OSError("sched_getaffinity unsupported")
+
+    monkeypatch.setattr(os, "sched_getaffinity", unsupported, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert default_render_workers() == 2
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert default_render_workers() == 1
 
 
 @pytest.mark.parametrize(
-    ("name", "data", "size"),
+    ("name", "data", "size", "correction"),
     [
-        ("portrait", pdfgen.text_pdf(1, 1), (995, 1288)),
-        ("landscape", pdfgen.text_pdf(1, 1, page_size=LETTER_LANDSCAPE), (1288, 995)),
-        ("a4", pdfgen.text_pdf(1, 1, page_size=A4), (911, 1288)),
-        ("rotate90", pdfgen.rotated_pdf(90, 1, 1), (1288, 995)),
-        ("rotate180", pdfgen.rotated_pdf(180, 1, 1), (995, 1288)),
-        ("huge", pdfgen.huge_page_pdf(1), (1288, 1288)),
-        ("image_only", pdfgen.image_only_pdf(1, 1), (995, 1288)),
+        ("portrait", pdfgen.text_pdf(1, 1), (995, 1288), 0),
+        ("landscape", pdfgen.text_pdf(1, 1, page_size=LETTER_LANDSCAPE), (1288, 995), 0),
+        ("a4", pdfgen.text_pdf(1, 1, page_size=A4), (911, 1288), 0),
+        # /Rotate is applied as a viewer shows the page: turned, as the model must correct it.
+        ("rotate90", pdfgen.rotated_pdf(90, 1, 1), (1288, 995), 90),
+        ("rotate180", pdfgen.rotated_pdf(180, 1, 1), (995, 1288), 180),
+        ("huge", pdfgen.huge_page_pdf(1), (1288, 1288), 0),
+        ("image_only", pdfgen.image_only_pdf(1, 1), (995, 1288), 0),
     ],
 )
 def test_longest_side_is_the_target(
-    render_pool: RenderPool, tmp_path: Path, name: str, data: bytes, size: tuple[int, int]
+    render_pool: RenderPool, tmp_path: Path, name: str, data: bytes, size: tuple[int, int], correction: int
 ) -> None:
     path = write(tmp_path, f"{name}.pdf", data)
     image = decode(run(render_pool, lambda pool: pool.render_page(path, 0)))
     assert image.size == size
     assert image.mode == "RGB"
-    assert marker(image) is not None
+    # The render shows the document's own first page, turned as its /Rotate says.
+    assert marker(image) == Marker(doc_id=1, page_number=1, rotation_correction=correction)
 
 
 def test_other_targets_and_pixel_cap(render_pool: RenderPool, tmp_path: Path) -> None:
@@ -221,7 +240,10 @@ def test_page_index_out_of_range_fails_the_call_not_the_pool(render_pool: Render
     with pytest.raises(RenderError, match="out of range") as caught:
         run(render_pool, lambda pool: pool.render_page(path, 2))
     assert caught.value.reason == "failed"
-    assert marker(decode(run(render_pool, lambda pool: pool.render_page(path, 1)))) is not None
+    # The pool still renders, and the right page: the last one of the document.
+    assert marker(decode(run(render_pool, lambda pool: pool.render_page(path, 1)))) == Marker(
+        doc_id=1, page_number=2, rotation_correction=0
+    )
 
 
 # -- bad documents -------------------------------------------------------------------------------------
