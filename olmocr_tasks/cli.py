@@ -414,6 +414,13 @@ def _add_serve_vllm_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="fraction of GPU memory (0.9)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--data-parallel-size", type=int, default=1)
+    parser.add_argument(
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        default="fcfs",
+        help="vLLM's scheduling policy; 'priority' serves high-priority runs first and the printed "
+        "connection says so (default fcfs)",
+    )
     parser.add_argument("--api-key-env", metavar="VAR", help="require the Bearer key held in $VAR (passed to vLLM)")
     parser.add_argument("--vllm-binary", default="vllm", help="vllm command (default: vllm on PATH)")
     parser.add_argument("--conn-id", default="olmocr_vllm", help="Airflow connection id to print (olmocr_vllm)")
@@ -434,6 +441,7 @@ def vllm_options_from_args(args: argparse.Namespace) -> VllmOptions:
         gpu_memory_utilization=args.gpu_memory_utilization,
         tensor_parallel_size=args.tensor_parallel_size,
         data_parallel_size=args.data_parallel_size,
+        scheduling_policy=args.scheduling_policy,
         vllm_binary=args.vllm_binary,
         extra_args=tuple(args.vllm_args),
         api_key_env=args.api_key_env,

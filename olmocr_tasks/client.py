@@ -17,7 +17,9 @@ What it adds over a bare HTTP client, each in answer to a failure seen with olmO
 * an in-flight window sized from vLLM's ``/metrics`` (``backpressure``), so several runs sharing a
   server keep its queue short instead of overflowing it (olmOCR issue #317);
 * the GPU-busy seconds this client's requests cost, from the same ``/metrics`` polls (``gpu_busy``);
-* a readiness check of every replica (``readiness``).
+* a readiness check of every replica (``readiness``);
+* the run's priority class as vLLM's ``priority`` field when the deployment schedules by priority
+  (``priority``).
 
 This module keeps the HTTP exchange and the retry policy; each other policy lives in its own module.
 The API key only ever travels in the ``Authorization`` header; exception texts and stats are redacted.
@@ -57,6 +59,7 @@ from olmocr_tasks.errors import (
 from olmocr_tasks.gpu_busy import GpuBusy, GpuBusyMeter
 from olmocr_tasks.hedging import HedgePolicy
 from olmocr_tasks.outage import OutageBreaker
+from olmocr_tasks.priority import check_scheduling_policy, with_priority
 from olmocr_tasks.protocol import usage_tokens
 from olmocr_tasks.readiness import ModelsProbe, wait_ready
 from olmocr_tasks.redaction import redact_text, redact_url
@@ -164,6 +167,7 @@ class InferenceClient:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ConfigurationError(f"inference server URL must be http(s)://host[:port]/path: {redact_url(url)}")
+        check_scheduling_policy(settings.scheduling_policy)
         self._settings = settings
         self._clock = clock
         self._sleep = sleep
@@ -403,6 +407,10 @@ class InferenceClient:
             raise ServerUnavailable(self._breaker.open_message)
 
     async def _complete_or_abort(self, body: bytes, on_hedge: Callable[[], None] | None) -> dict[str, Any]:
+        if self._settings.scheduling_policy == "priority":
+            # vLLM serves its waiting queue by this value; under fcfs it refuses the field, so it is
+            # only ever added here, and bodies stay olmOCR's byte for byte otherwise.
+            body = with_priority(body, self._settings.priority)
         # The retry loop runs as its own task so an opening breaker can cut short a backoff sleep or
         # a hung request at once instead of letting every caller wait out its budget.
         work = asyncio.ensure_future(self._complete_hedged(body, on_hedge))

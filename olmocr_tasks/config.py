@@ -54,6 +54,10 @@ class ServerSettings:
     min_concurrent_requests: int = 4
     metrics_poll_interval_s: float = 1.0
     readiness_timeout_s: float = 60.0
+    # vLLM's --scheduling-policy of the deployment ("fcfs" or "priority"); only with "priority" does
+    # every request carry the run's ``priority`` (olmocr_tasks.priority), which fcfs would refuse.
+    scheduling_policy: str = "fcfs"
+    priority: int = 0
 
     def public_dict(self) -> dict[str, Any]:
         """The settings as they may appear in logs and manifests: no secret, no credentials in URLs."""

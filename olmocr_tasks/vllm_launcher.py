@@ -79,6 +79,8 @@ class VllmOptions:
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
+    # vLLM's --scheduling-policy: "priority" serves runs by class (olmocr_tasks.priority).
+    scheduling_policy: str = "fcfs"
     vllm_binary: str = "vllm"
     extra_args: tuple[str, ...] = ()
     api_key_env: str | None = None
@@ -132,6 +134,8 @@ def build_vllm_command(options: VllmOptions) -> list[str]:
         str(options.data_parallel_size),
         "--uvicorn-log-level",
         "warning",
+        # Only when asked: fcfs is vLLM's default, and older releases lack the flag.
+        *(["--scheduling-policy", options.scheduling_policy] if options.scheduling_policy != "fcfs" else []),
         *options.extra_args,
     ]
 
@@ -157,7 +161,9 @@ def connection_json(options: VllmOptions) -> dict[str, Any]:
         "host": _client_host(options.host),
         "port": options.port,
         "schema": "http",
-        "extra": {"model": options.model_name},
+        # The connection tells clients the policy: with "priority" requests carry their run's class.
+        "extra": {"model": options.model_name}
+        | ({"scheduling_policy": options.scheduling_policy} if options.scheduling_policy != "fcfs" else {}),
     }
 
 

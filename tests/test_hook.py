@@ -64,9 +64,12 @@ def test_settings_from_a_full_connection() -> None:
             "hedge_min_delay_s": "30",
             "hedge_multiple": 2.5,
             "hedge_requests": "off",
+            "hedge_idle_multiple": "1.5",
+            "scheduling_policy": "Priority",
         },
     )
     settings = settings_from_connection(conn)
+    assert (settings.hedge_idle_multiple, settings.scheduling_policy) == (1.5, "priority")
     assert settings.base_urls == (
         "https://vllm.internal:8000/v1",
         "https://replica-2.internal/v1",
@@ -92,6 +95,7 @@ def test_settings_defaults_for_a_minimal_connection() -> None:
     assert settings.max_concurrent_requests == default.max_concurrent_requests
     assert settings.verify_tls is True
     assert settings.hedge_requests is True
+    assert settings.scheduling_policy == "fcfs"
     assert (settings.hedge_min_delay_s, settings.hedge_multiple) == (default.hedge_min_delay_s, default.hedge_multiple)
 
 
@@ -113,6 +117,7 @@ def test_replicas_as_a_json_list_and_prefixed_form_fields() -> None:
         ({"verify_tls": "perhaps"}, "must be a boolean"),
         ({"read_timeout_s": -1}, "must be positive"),
         ({"hedge_multiple": 0}, "must be positive"),
+        ({"scheduling_policy": "lottery"}, "scheduling_policy must be one of fcfs, priority"),
         ({"hedge_min_delay_s": "soon"}, "must be a number"),
         ({"hedge_requests": "sometimes"}, "must be a boolean"),
     ],

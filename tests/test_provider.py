@@ -322,6 +322,7 @@ def test_params_form() -> None:
         "retry_dead_letters",
         "max_failed_attempts",
         "max_concurrent_requests",
+        "priority_class",
         "batch_pages",
     ]
     for name, param in form.items():
@@ -329,6 +330,7 @@ def test_params_form() -> None:
         assert param.description, name
         assert param.schema.get("section"), name
     assert form["scope"].value == "auto"
+    assert form["priority_class"].value == "auto"
     assert form["max_document_error_rate"].value == 0.05
     assert form["max_page_error_rate"].value == 0.004
     events = dag_params.event_params()

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from olmocr_tasks.priority import with_priority
 from olmocr_tasks.protocol import (
     FrontMatterError,
     RequestBodyBuilder,
@@ -307,6 +308,31 @@ def test_client_leaving_the_queue_frees_its_place(standin_factory: Callable[...,
         wait_until(lambda: server.stats()["waiting"] == 0)
         assert first.result().status_code == 200
     assert server.stats()["by_outcome"] == {"client_gone": 1, "ok": 1}
+
+
+def test_priority_policy_serves_the_waiting_queue_lowest_value_first(
+    standin_factory: Callable[..., StandinServer],
+) -> None:
+    server = standin_factory(capacity=1, latency_s=0.2, scheduling_policy="priority")
+    body = page_body(server)
+    with ThreadPoolExecutor(8) as pool:
+        blocker = pool.submit(chat, server, body)
+        wait_until(lambda: server.stats()["running"] == 1)
+        low = [pool.submit(chat, server, with_priority(body, 10)) for _ in range(3)]
+        wait_until(lambda: server.stats()["waiting"] == 3)
+        high = pool.submit(chat, server, with_priority(body, -10))
+        wait_until(lambda: server.stats()["waiting"] == 4)
+        assert all(f.result().status_code == 200 for f in [blocker, *low, high])
+    # No preemption: the running request finished first; then the later, higher-priority one.
+    order = [r["priority"] for r in sorted(server.requests(), key=lambda r: r["started"])]
+    assert order == [0, -10, 10, 10, 10]
+
+
+def test_fcfs_refuses_a_priority_like_vllm_and_ignores_none(standin: StandinServer) -> None:
+    body = page_body(standin)
+    refused = chat(standin, with_priority(body, 5))
+    assert refused.status_code == 400 and "Priority scheduling is not enabled" in refused.text
+    assert chat(standin, with_priority(body, 0)).status_code == 200
 
 
 # ----- faults --------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from olmocr_tasks.vllm_launcher import (
     VllmSupervisor,
     build_vllm_command,
     connection_env_line,
+    connection_json,
 )
 
 FAKE_VLLM = """\
@@ -306,3 +307,16 @@ def test_cli_missing_vllm_exits_2(tmp_path):
     )
     assert proc.returncode == 2
     assert "pip install 'olmocr-airflow[vllm]'" in proc.stderr
+
+
+def test_priority_scheduling_is_passed_to_vllm_and_named_in_the_connection():
+    args = build_parser().parse_args(["serve-vllm", "--scheduling-policy", "priority"])
+    options = options_from_args(args)
+    command = build_vllm_command(options)
+    flags = dict(zip(command[3::2], command[4::2], strict=True))
+    assert flags["--scheduling-policy"] == "priority"
+    assert _connection_from(connection_env_line(options))["extra"]["scheduling_policy"] == "priority"
+    # By default vLLM's own fcfs: no flag, and the connection leaves the extra out.
+    default = VllmOptions()
+    assert "--scheduling-policy" not in build_vllm_command(default)
+    assert "scheduling_policy" not in connection_json(default)["extra"]

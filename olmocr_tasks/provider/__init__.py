@@ -91,6 +91,14 @@ def get_provider_info() -> dict[str, Any]:
                         ),
                         "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
                     },
+                    "scheduling_policy": {
+                        "label": "vLLM scheduling policy",
+                        "description": (
+                            "fcfs (vLLM's default) or priority: set priority when vLLM runs with "
+                            "--scheduling-policy priority, and page requests then carry their run's class."
+                        ),
+                        "schema": {"type": ["string", "null"], "enum": ["fcfs", "priority", None]},
+                    },
                     "hedge_idle_multiple": {
                         "label": "Hedge multiple of p95, idle server",
                         "description": (

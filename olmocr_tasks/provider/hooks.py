@@ -14,7 +14,9 @@ Connection fields:
   ``connect_timeout_s``, ``read_timeout_s``, ``write_timeout_s``, ``readiness_timeout_s``,
   ``request_retry_budget_s``, ``outage_window_s``; and the hedging knobs ``hedge_requests``
   (boolean, on by default), ``hedge_min_delay_s``, ``hedge_multiple`` and ``hedge_idle_multiple`` (see
-  ``ServerSettings`` and ``olmocr_tasks.hedging``).
+  ``ServerSettings`` and ``olmocr_tasks.hedging``); ``scheduling_policy``: ``fcfs`` (default) or
+  ``priority``, as the deployment's vLLM runs (``--scheduling-policy``); with ``priority`` each page
+  request carries its run's priority class (``olmocr_tasks.priority``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from airflow.sdk import BaseHook
 from olmocr_tasks.client import InferenceClient
 from olmocr_tasks.config import DEFAULT_MODEL, ServerSettings, positive_number
 from olmocr_tasks.errors import ConfigurationError
+from olmocr_tasks.priority import check_scheduling_policy
 from olmocr_tasks.provider import CONNECTION_TYPE, DEFAULT_CONN_ID
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.uri import is_s3
@@ -135,6 +138,8 @@ def settings_from_connection(conn: ConnectionLike, defaults: ServerSettings | No
     for name in _FLOAT_EXTRAS:
         if (value := _extra(extra, name)) is not None:
             changes[name] = _as_number(name, value, float)
+    if (value := _extra(extra, "scheduling_policy")) is not None:
+        changes["scheduling_policy"] = check_scheduling_policy(value)
     return dataclasses.replace(defaults, **changes)
 
 

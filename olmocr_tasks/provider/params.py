@@ -147,6 +147,24 @@ def _shared_params() -> dict[str, Param]:
             description="In-flight page requests per convert task (empty: the connection's setting).",
             section="Server",
         ),
+        "priority_class": Param(
+            "auto",
+            type="string",
+            enum=["auto", "high", "normal", "low"],
+            values_display={
+                "auto": "auto: high for listed documents and S3 events, normal for scheduled runs, low for "
+                "backfills and runs over everything",
+                "high": "high",
+                "normal": "normal",
+                "low": "low",
+            },
+            title="Priority class",
+            description=(
+                "Which runs go first for a convert slot and, when the vLLM connection's scheduling_policy is "
+                "priority, in vLLM's queue (olmocr_tasks.priority)."
+            ),
+            section="Server",
+        ),
         "batch_pages": Param(
             None,
             type=["null", "integer"],

@@ -61,6 +61,7 @@ from olmocr_tasks.pipeline import (
     publish_manifest,
     remember_not_converted,
 )
+from olmocr_tasks.priority import VLLM_PRIORITY, run_class
 from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.hooks import VllmHook, storage_for
 from olmocr_tasks.provider.lineage import report_converted, report_published
@@ -159,8 +160,11 @@ def build_request(
             float(params.get("lookback_intervals", 1)),
         )
     hook = VllmHook(DEFAULT_CONN_ID)
+    priority_class = run_class(_value(context["dag_run"].run_type), params, names_documents=documents is not None)
     settings = ConversionSettings(
-        server=hook.server_settings(max_concurrent_requests=params.get("max_concurrent_requests")),
+        server=hook.server_settings(
+            max_concurrent_requests=params.get("max_concurrent_requests"), priority=VLLM_PRIORITY[priority_class]
+        ),
         max_page_error_rate=float(params.get("max_page_error_rate", 0.004)),
         gpu_hour_price=hook.gpu_hour_price(),
     )

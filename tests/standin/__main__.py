@@ -53,13 +53,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict[
     parser.add_argument("--retry-after", type=int, dest="retry_after_s")
     parser.add_argument("--max-model-len", type=int, dest="max_model_len")
     parser.add_argument("--keep-bodies", type=int, dest="keep_bodies")
+    parser.add_argument("--scheduling-policy", choices=("fcfs", "priority"), dest="scheduling_policy")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
 
     settings: dict[str, Any] = json.loads(args.config) if args.config else {}
     for name in (
         "model", "api_key", "latency_s", "jitter_s", "capacity", "identify", "metrics", "seed",
-        "slow_s", "retry_after_s", "max_model_len", "keep_bodies",
+        "slow_s", "retry_after_s", "max_model_len", "keep_bodies", "scheduling_policy",
     ):  # fmt: skip
         value = getattr(args, name)
         if value is not None:

@@ -3,7 +3,8 @@
 It answers ``POST /v1/chat/completions`` the way a vLLM server running an olmOCR model would, but
 with text that names the document and page it actually saw (read from the page identity marker), so
 tests can prove no page is ever attributed to the wrong document. Around that it models what makes
-a real server hard to talk to: a bounded number of running requests with a FIFO waiting queue,
+a real server hard to talk to: a bounded number of running requests with a waiting queue served in
+arrival order, or by the request's ``priority`` under ``scheduling_policy="priority"`` as vLLM does,
 ``/metrics`` gauges, and injectable faults and outages that behave at the socket level.
 
 Two ways to run it:
@@ -22,7 +23,9 @@ import binascii
 import contextlib
 import dataclasses
 import hashlib
+import heapq
 import io
+import itertools
 import json
 import logging
 import random
@@ -88,6 +91,9 @@ class StandinConfig:
     slow_s: float = 30.0
     retry_after_s: int = 1
     max_model_len: int = 16384
+    # vLLM's --scheduling-policy: "fcfs" refuses a non-zero "priority" field (HTTP 400, as vLLM does);
+    # "priority" serves the waiting queue lowest value first.
+    scheduling_policy: str = "fcfs"
     keep_bodies: int = 5
     log_limit: int = 100_000
     primary_language: str = "en"
@@ -122,6 +128,8 @@ class StandinConfig:
             raise ValueError("model must be a non-empty string")
         if self.capacity < 1:
             raise ValueError("capacity must be at least 1")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError("scheduling_policy must be fcfs or priority")
         if self.latency_s < 0 or self.jitter_s < 0 or self.slow_s < 0:
             raise ValueError("latency_s, jitter_s and slow_s must not be negative")
         if not isinstance(self.fault_rates, dict):
@@ -150,37 +158,41 @@ def _check_page_key(key: str) -> None:
         raise ValueError(f"page key {key!r} must look like 'doc_id:page_number'")
 
 
-class _FifoScheduler:
-    """At most ``capacity`` requests run; the rest wait in arrival order, like vLLM's scheduler."""
+class _Scheduler:
+    """At most ``capacity`` requests run; the rest wait, like vLLM's scheduler: in arrival order under
+    ``fcfs``, and under ``priority`` by the request's ``priority`` (lower first), then arrival. Running
+    requests are never preempted."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.running = 0
         self.max_running = 0
         self.max_waiting = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._arrivals = itertools.count()
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return sum(1 for _, _, waiter in self._waiters if not waiter.done())
 
-    async def acquire(self) -> None:
-        if self.running < self.capacity and not self._waiters:
+    async def acquire(self, priority: int = 0) -> None:
+        if self.running < self.capacity and self.waiting == 0:
             self._grant()
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        self.max_waiting = max(self.max_waiting, len(self._waiters))
+        heapq.heappush(self._waiters, (priority, next(self._arrivals), waiter))
+        self._wake()
+        self.max_waiting = max(self.max_waiting, self.waiting)
         try:
             await waiter
         except asyncio.CancelledError:
             # The client went away while queued (vLLM aborts such requests too). If the slot had
-            # already been granted, hand it on instead of leaking it.
+            # already been granted, hand it on instead of leaking it; a queued one is dropped lazily.
             if waiter.done() and not waiter.cancelled():
                 self.release()
             else:
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(waiter)
+                waiter.cancel()
+                self._wake()
             raise
 
     def release(self) -> None:
@@ -200,8 +212,8 @@ class _FifoScheduler:
         self.max_running = max(self.max_running, self.running)
 
     def _wake(self) -> None:
-        while self._waiters and self.running < self.capacity:
-            waiter = self._waiters.popleft()
+        while self._waiters and (self.running < self.capacity or self._waiters[0][2].done()):
+            _, _, waiter = heapq.heappop(self._waiters)
             if not waiter.done():
                 self._grant()
                 waiter.set_result(None)
@@ -297,7 +309,7 @@ class VllmStandin:
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.AbstractServer | None = None
         self._control_listener: asyncio.AbstractServer | None = None
-        self._scheduler = _FifoScheduler(self.config.capacity)
+        self._scheduler = _Scheduler(self.config.capacity)
         # Set while serving; cleared during a stall so every data-plane handler parks on it.
         self._gate: asyncio.Event | None = None
         self._busy: Counter[Any] = Counter()
@@ -599,6 +611,7 @@ class VllmStandin:
             "model": None,
             "temperature": None,
             "max_tokens": None,
+            "priority": 0,
             "keys": None,
             "marker": None,
             "image_sha1": None,
@@ -673,7 +686,7 @@ class VllmStandin:
             return await self._immediate_fault(request, fault, record, config)
 
         record["queued"] = time.time()
-        await self._scheduler.acquire()
+        await self._scheduler.acquire(record["priority"] if config.scheduling_policy == "priority" else 0)
         record["started"] = time.time()
         try:
             if fault == "slow":
@@ -703,6 +716,12 @@ class VllmStandin:
             raise _BadRequest(400, "model must be a string")
         if model != config.model:
             raise _BadRequest(404, f"The model `{model}` does not exist.", "NotFoundError")
+        priority = payload.get("priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise _BadRequest(400, "priority must be an integer")
+        if priority != 0 and config.scheduling_policy != "priority":
+            raise _BadRequest(400, f"Got priority {priority} but Priority scheduling is not enabled.")
+        record["priority"] = priority
         b64, max_tokens = _extract_image(payload)
         return b64, max_tokens
 

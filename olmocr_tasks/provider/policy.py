@@ -1,0 +1,60 @@
+"""Airflow cluster policy: convert instances of high-priority runs go first for a pool slot.
+
+A mapped task has one static ``priority_weight`` and one pool for every run, so the class of a run
+(``olmocr_tasks.priority``) can only reach the scheduler through a cluster policy, which sees each task
+instance with its DAG run as the scheduler creates it. For the convert instances of a run this sets:
+
+* ``priority_weight`` by class (high 100, normal 10, low 1): when a slot of the ``olmocr_vllm`` pool
+  frees, the scheduler queues the highest weight first, so a one-page REST or event run does not wait
+  behind the hundreds of queued instances of a backfill, only for the first slot to free;
+* for high-priority runs, when ``OLMOCR_HIGH_PRIORITY_POOL`` names a pool: that pool instead, a share
+  of the server reserved for them, so they do not even wait for a low-priority instance to finish.
+
+Enable it in the scheduler's ``airflow_local_settings.py`` (on ``$AIRFLOW_HOME/config``)::
+
+    from olmocr_tasks.provider.policy import task_instance_mutation_hook  # noqa: F401
+
+Without it every run has convert's static weight and pool (the behaviour before classes). The hook
+runs inside the scheduler's transaction: it reads only the ``dag_run`` it is given, never the database.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from olmocr_tasks.errors import ConfigurationError
+from olmocr_tasks.priority import AIRFLOW_WEIGHT, HIGH, run_class
+
+CONVERT_TASK_ID = "convert"
+
+
+def convert_placement(ti: Any, dag_run: Any) -> tuple[int, str] | None:
+    """The ``(priority_weight, pool)`` a convert instance of ``dag_run`` gets, or None to leave it."""
+    if dag_run is None or ti.task_id != CONVERT_TASK_ID or ti.pool not in (_pool(), _high_priority_pool()):
+        return None
+    try:
+        priority_class = run_class(str(getattr(dag_run.run_type, "value", dag_run.run_type)), dag_run.conf or {})
+    except ConfigurationError:
+        return None  # plan fails such a run with the message; the scheduler must not
+    pool = _pool()
+    if priority_class == HIGH and _high_priority_pool():
+        pool = _high_priority_pool()
+    return AIRFLOW_WEIGHT[priority_class], pool
+
+
+def task_instance_mutation_hook(task_instance: Any, dag_run: Any = None) -> None:
+    """Airflow's cluster policy hook: place convert instances by their run's priority class."""
+    placement = convert_placement(task_instance, dag_run)
+    if placement is None:
+        return
+    task_instance.priority_weight, task_instance.pool = placement
+
+
+def _pool() -> str:
+    # As provider.tasks reads it (not imported here: the scheduler need not load the task code).
+    return os.environ.get("OLMOCR_POOL", "olmocr_vllm")
+
+
+def _high_priority_pool() -> str | None:
+    return os.environ.get("OLMOCR_HIGH_PRIORITY_POOL") or None

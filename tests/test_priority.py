@@ -1,0 +1,127 @@
+"""Priority classes (``olmocr_tasks.priority``): which class a run gets, and how it reaches vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from olmocr_tasks.client import InferenceClient
+from olmocr_tasks.config import ServerSettings
+from olmocr_tasks.errors import ConfigurationError
+from olmocr_tasks.priority import AIRFLOW_WEIGHT, HIGH, LOW, NORMAL, VLLM_PRIORITY, run_class, with_priority
+from olmocr_tasks.protocol import RequestBodyBuilder
+from olmocr_tasks.provider.policy import task_instance_mutation_hook
+from tests.fixtures.standin import StandinServer, marked_png
+
+
+@pytest.mark.parametrize(
+    ("run_type", "params", "expected"),
+    [
+        ("asset_triggered", {}, HIGH),
+        ("manual", {"documents": ["s3://in/a.pdf"]}, HIGH),
+        ("scheduled", {"scope": "auto"}, NORMAL),
+        ("manual", {"scope": "interval"}, NORMAL),
+        ("backfill", {"scope": "auto"}, LOW),
+        ("manual", {"scope": "all"}, LOW),
+        ("manual", {"scope": "auto"}, LOW),
+        # The Param wins over the choice by run type.
+        ("backfill", {"priority_class": "high"}, HIGH),
+        ("manual", {"documents": ["s3://in/a.pdf"], "priority_class": "low"}, LOW),
+        ("scheduled", {"priority_class": "auto"}, NORMAL),
+    ],
+)
+def test_class_of_a_run(run_type: str, params: dict[str, Any], expected: str) -> None:
+    assert run_class(run_type, params) == expected
+
+
+def test_event_runs_are_high_and_an_unknown_class_is_refused() -> None:
+    assert run_class("manual", {}, names_documents=True) == HIGH
+    with pytest.raises(ConfigurationError, match="priority class"):
+        run_class("manual", {"priority_class": "urgent"})
+    assert VLLM_PRIORITY[HIGH] < VLLM_PRIORITY[NORMAL] == 0 < VLLM_PRIORITY[LOW]
+
+
+def test_priority_is_the_last_key_as_json_dumps_writes_it() -> None:
+    body = RequestBodyBuilder("m").build(b"QUJD", 0.1)
+    expected = json.loads(body) | {"priority": -10}
+    assert with_priority(body, -10) == json.dumps(expected).encode()
+    assert with_priority(b"{}", 3) == b'{"priority": 3}'
+    with pytest.raises(ValueError, match="JSON object"):
+        with_priority(b"[1]", 3)
+
+
+def _sent_bodies(server: StandinServer, settings: ServerSettings, body: bytes) -> list[bytes]:
+    async def scenario() -> None:
+        async with InferenceClient(settings) as client:
+            await client.complete(body)
+
+    asyncio.run(scenario())
+    return server.bodies()
+
+
+def test_priority_reaches_vllm_only_under_priority_scheduling(standin_factory: Any) -> None:
+    body = RequestBodyBuilder(ServerSettings().model).build(marked_png(1, 1, as_base64=True), 0.1)
+    base = {"model": ServerSettings().model, "adaptive_concurrency": False, "priority": VLLM_PRIORITY[LOW]}
+
+    fcfs = standin_factory()
+    settings = ServerSettings(base_urls=(fcfs.url,), **base)
+    # fcfs (the default): the body goes out exactly as built, byte for byte, whatever the run's class.
+    assert _sent_bodies(fcfs, settings, body) == [body]
+
+    prioritised = standin_factory(scheduling_policy="priority")
+    settings = ServerSettings(base_urls=(prioritised.url,), scheduling_policy="priority", **base)
+    (sent,) = _sent_bodies(prioritised, settings, body)
+    assert sent == with_priority(body, VLLM_PRIORITY[LOW])
+    assert prioritised.requests()[0]["priority"] == VLLM_PRIORITY[LOW]
+
+
+def test_unknown_scheduling_policy_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="scheduling_policy"):
+        InferenceClient(ServerSettings(scheduling_policy="lottery"))
+
+
+def _convert_ti(pool: str = "olmocr_vllm", task_id: str = "convert") -> SimpleNamespace:
+    return SimpleNamespace(task_id=task_id, pool=pool, priority_weight=1)
+
+
+@pytest.mark.parametrize(
+    ("run_type", "conf", "weight"),
+    [
+        ("manual", {"documents": ["s3://in/a.pdf"]}, AIRFLOW_WEIGHT[HIGH]),
+        ("asset_triggered", {}, AIRFLOW_WEIGHT[HIGH]),
+        ("scheduled", {}, AIRFLOW_WEIGHT[NORMAL]),
+        ("backfill", {}, AIRFLOW_WEIGHT[LOW]),
+        ("manual", {"scope": "all"}, AIRFLOW_WEIGHT[LOW]),
+        ("backfill", {"priority_class": "high"}, AIRFLOW_WEIGHT[HIGH]),
+    ],
+)
+def test_cluster_policy_weighs_convert_instances_by_class(
+    run_type: str, conf: dict[str, Any], weight: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OLMOCR_HIGH_PRIORITY_POOL", raising=False)
+    ti = _convert_ti()
+    task_instance_mutation_hook(ti, SimpleNamespace(run_type=run_type, conf=conf))
+    assert (ti.priority_weight, ti.pool) == (weight, "olmocr_vllm")
+    assert AIRFLOW_WEIGHT[HIGH] > AIRFLOW_WEIGHT[NORMAL] > AIRFLOW_WEIGHT[LOW]
+
+
+def test_cluster_policy_reserved_pool_and_what_it_leaves_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OLMOCR_HIGH_PRIORITY_POOL", "olmocr_vllm_high")
+    high, low = _convert_ti(), _convert_ti()
+    task_instance_mutation_hook(high, SimpleNamespace(run_type="manual", conf={"documents": ["a.pdf"]}))
+    task_instance_mutation_hook(low, SimpleNamespace(run_type="backfill", conf={}))
+    assert (high.pool, low.pool) == ("olmocr_vllm_high", "olmocr_vllm")
+    # Other tasks, instances not bound to a run yet and bad Params are left as they are.
+    for ti, run in (
+        (_convert_ti(task_id="plan"), SimpleNamespace(run_type="backfill", conf={})),
+        (_convert_ti(), None),
+        (_convert_ti(), SimpleNamespace(run_type="manual", conf={"priority_class": "urgent"})),
+        (_convert_ti(pool="someone_elses"), SimpleNamespace(run_type="backfill", conf={})),
+    ):
+        before = dict(vars(ti))
+        task_instance_mutation_hook(ti, run)
+        assert vars(ti) == before
