@@ -255,9 +255,13 @@ def test_secrets_are_not_shown(client: TestClient, output: Path, runs: RealRuns)
     data = json.loads(path.read_text())
     data["server"] = {"base_urls": ["http://user:hunter2@vllm:8000/v1"], "api_key": "sk-live-123456"}
     path.write_text(json.dumps(data))
-    page = client.get(f"/runs/{runs.key(CLEAN_RUN)}").text
-    api = client.get(f"/api/runs/{runs.key(CLEAN_RUN)}").text
-    for text in (page, api):
+    page = client.get(f"/runs/{runs.key(CLEAN_RUN)}")
+    api = client.get(f"/api/runs/{runs.key(CLEAN_RUN)}")
+    # The run is shown (an error page would hold no secret either), with its server but not its secrets.
+    assert page.status_code == api.status_code == 200
+    assert CLEAN_RUN in page.text and api.json()["run_id"] == CLEAN_RUN
+    assert "vllm:8000" in page.text and "vllm:8000" in api.text
+    for text in (page.text, api.text):
         assert "hunter2" not in text and "sk-live-123456" not in text
 
 
