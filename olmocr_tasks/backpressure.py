@@ -4,7 +4,14 @@ olmOCR bounds in-flight requests with one fixed number, so several runs sharing 
 their full quota and vLLM's waiting queue grows without bound (olmOCR issue #317). Here every client
 reads vLLM's ``/metrics`` and runs an AIMD controller over its window: grow while the server's waiting
 queue is short, shrink multiplicatively when it passes a high-water mark. Independent clients doing
-this converge on a short, non-empty queue, which keeps the GPU fed without piling up requests.
+this converge on a short, non-empty queue, which keeps the GPU fed without piling up requests, and
+share the server about equally (AIMD converges to equal windows).
+
+Priority classes (``priority``) meet the window here. Under vLLM's ``--scheduling-policy priority`` the
+server serves the waiting queue by class, so a high-priority request passes every lower one queued;
+lower classes keep backing off on the whole queue, which now includes the high class's requests, so
+they give way while high-priority work waits. A client of the highest class does not shrink for a queue
+it is served ahead of (``served_first``). Under ``fcfs`` every class backs off alike.
 
 Here are the controller and the resizable limiter it adjusts (both pure), and the poller that reads
 ``/metrics`` and feeds the controller (``vllm_metrics`` parses the text) and the GPU-busy meter
@@ -61,6 +68,7 @@ class AimdController:
         *,
         decrease_factor: float = 0.7,
         holdoff_polls: int = 2,
+        served_first: bool = False,
     ) -> None:
         self.floor = max(1, min(floor, ceiling))
         self.ceiling = max(1, ceiling)
@@ -71,6 +79,9 @@ class AimdController:
         self._holdoff_polls = holdoff_polls
         self._holdoff = 0
         self._slow_start = True
+        # Under vLLM's priority scheduling, a client of the highest class is served before whatever
+        # waits in the queue: the queue is other classes' and it must not shrink for it (they do).
+        self._served_first = served_first
 
     def update(self, samples: Iterable[QueueSample], demand: int) -> int:
         """Fold one round of per-replica samples into the window and return it.
@@ -81,7 +92,7 @@ class AimdController:
         samples = list(samples)
         if not samples:
             return self.window
-        waiting = sum(sample.waiting for sample in samples)
+        waiting = 0.0 if self._served_first else sum(sample.waiting for sample in samples)
         target = sum(target_waiting(sample.running) for sample in samples)
         ceiling_waiting = sum(high_water(sample.running) for sample in samples)
         if self._holdoff > 0:
@@ -94,6 +105,12 @@ class AimdController:
         elif waiting < target and demand >= self.window:
             grown = self.window * 2 if self._slow_start else self.window + self._step
             self.window = min(self.ceiling, grown)
+        elif demand >= self.window and self._holdoff == 0:
+            # Inside the band: probe by one request. Holding still would freeze whatever split of the
+            # server clients happen to have (one run at 9, a later one at its floor of 4, forever);
+            # probing brings the queue back to the high-water mark now and then, where every client
+            # shrinks by the same factor, which is what evens their windows out.
+            self.window = min(self.ceiling, self.window + 1)
         return self.window
 
 
@@ -183,8 +200,8 @@ class MetricsSource(Protocol):
 class InFlightWindow:
     """The client's in-flight window: a limiter, sized by the AIMD controller while adaptive."""
 
-    def __init__(self, *, floor: int, ceiling: int, adaptive: bool) -> None:
-        self.controller = AimdController(floor=floor, ceiling=max(1, ceiling))
+    def __init__(self, *, floor: int, ceiling: int, adaptive: bool, served_first: bool = False) -> None:
+        self.controller = AimdController(floor=floor, ceiling=max(1, ceiling), served_first=served_first)
         self.adaptive = adaptive
         self.limiter = AdaptiveLimiter(self.controller.window if adaptive else self.controller.ceiling)
 

@@ -219,6 +219,7 @@ class InferenceClient:
             floor=settings.min_concurrent_requests,
             ceiling=settings.max_concurrent_requests,
             adaptive=settings.adaptive_concurrency,
+            served_first=settings.scheduling_policy == "priority" and settings.priority < 0,
         )
         self._limiter = self._window.limiter
         self._breaker = OutageBreaker(settings.outage_window_s, clock)

@@ -78,7 +78,7 @@ def test_shrinks_multiplicatively_with_holdoff_then_grows_additively() -> None:
     # The queue has not had time to answer: no second cut straight away.
     assert controller.update(flooded, demand=40) == 28
     assert controller.update(flooded, demand=40) == 19
-    # Inside the band (target 4 .. high water 8): hold.
+    # Inside the band (target 4 .. high water 8) during the hold-off after a cut: hold.
     assert controller.update([QueueSample(running=16, waiting=6)], demand=40) == 19
     # Below target: additive increase now that slow start has ended.
     assert controller.update([QueueSample(running=16, waiting=1)], demand=40) == 23
@@ -95,8 +95,9 @@ def test_samples_of_replicas_are_pooled() -> None:
     controller = AimdController(floor=2, ceiling=100, initial=50)
     # One replica flooded, the other idle: pooled waiting 10 vs pooled high water 6 + 6.
     replicas = [QueueSample(running=0, waiting=10), QueueSample(running=0, waiting=0)]
-    assert controller.update(replicas, demand=50) == 50
-    assert controller.update([], demand=50) == 50
+    # Inside the pooled band: no cut, only a probe of one request.
+    assert controller.update(replicas, demand=50) == 51
+    assert controller.update([], demand=50) == 51
 
 
 def test_limiter_shrink_keeps_holders_and_blocks_new_acquirers() -> None:
@@ -158,3 +159,51 @@ def test_limiter_cancelled_waiter_does_not_leak_a_slot() -> None:
         await asyncio.wait_for(limiter.acquire(), 1)
 
     asyncio.run(scenario())
+
+
+# -- windows of several runs sharing one server (a fluid model of the queue: no clock, no sleeps) --------
+
+
+def _share_server(controllers: list[AimdController], capacity: int, polls: int) -> list[list[int]]:
+    """Every client keeps its window full; the server runs ``capacity`` requests and queues the rest.
+    Returns each poll's windows."""
+    history = []
+    for _ in range(polls):
+        in_flight = sum(controller.window for controller in controllers)
+        sample = QueueSample(running=min(in_flight, capacity), waiting=max(0, in_flight - capacity))
+        history.append([controller.update([sample], demand=controller.window) for controller in controllers])
+    return history
+
+
+def test_two_runs_of_one_class_converge_to_a_fair_share() -> None:
+    # One run had the server to itself (window 64), a second one starts at the floor.
+    first, second = AimdController(floor=4, ceiling=64, initial=64), AimdController(floor=4, ceiling=64, initial=4)
+    history = _share_server([first, second], capacity=8, polls=120)
+    # Served in arrival order, each run gets the server in proportion to its window.
+    late = history[60:]
+    shares = [sum(windows[i] for windows in late) / sum(sum(windows) for windows in late) for i in (0, 1)]
+    assert min(shares) >= 0.4, shares
+
+
+def test_a_low_run_gives_way_while_high_priority_work_waits() -> None:
+    low = AimdController(floor=4, ceiling=64, initial=64)
+    _share_server([low], capacity=8, polls=30)
+    settled = low.window
+    # A high-priority run arrives: it is served ahead of the queue, so it does not shrink for it ...
+    high = AimdController(floor=4, ceiling=64, initial=4, served_first=True)
+    history = _share_server([low, high], capacity=8, polls=30)
+    high_windows = [windows[1] for windows in history]
+    assert high_windows[-1] > 4 and high_windows == sorted(high_windows)
+    # ... while the low run backs off from the queue the high run's requests add to.
+    assert max(windows[0] for windows in history[5:]) < settled
+    assert low.window == low.floor
+
+
+def test_served_first_ignores_the_queue_but_not_its_ceiling_or_demand() -> None:
+    controller = AimdController(floor=4, ceiling=32, initial=8, served_first=True)
+    flooded = [QueueSample(running=8, waiting=500)]
+    assert controller.update(flooded, demand=8) == 16
+    assert controller.update(flooded, demand=3) == 16  # no demand, no growth
+    for _ in range(5):
+        controller.update(flooded, demand=controller.window)
+    assert controller.window == 32
