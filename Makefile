@@ -8,8 +8,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# Test processes: the deployment tier runs on one of them while the other tests spread over the rest.
-TEST_WORKERS ?= 2
+# Tiers (pytest markers) whose tests share one package-scoped deployment: `make test` runs each as a
+# pytest process of its own, in order, beside the rest of the suite, and fails if one ran in more than
+# one process or started its deployment twice (scripts/run-tests.sh). Another such tier (a marker, also
+# listed in tests/conftest.py's ONE_PROCESS_TIERS) is added here.
+SOLO_TIERS := deployment
+# pytest-xdist processes for the rest of the suite, beside the tiers' one process each: two processes
+# in all on a 2-core machine.
+TEST_WORKERS ?= 1
 UV_VERSION := 0.13.9
 
 .PHONY: demo test up up-cluster bench lint lock clean prerequisites system-packages
@@ -20,7 +26,7 @@ demo: prerequisites $(STAMP)
 
 test: prerequisites $(STAMP)
 	@scripts/system-packages.sh tesseract-ocr chromium $$(scripts/service-packages.sh)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	@SOLO_TIERS="$(SOLO_TIERS)" TEST_WORKERS=$(TEST_WORKERS) scripts/run-tests.sh $(PYTEST_ARGS)
 
 up: prerequisites $(STAMP)
 	@scripts/system-packages.sh tesseract-ocr

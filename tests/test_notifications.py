@@ -135,18 +135,33 @@ class _Inbox:
         return "250 OK"
 
 
+class _BoundController(Controller):
+    """aiosmtpd's threaded SMTP server on a socket bound here to port 0 and kept bound until it serves.
+
+    A port picked by binding and closing a probe could be taken by another process before the server
+    binds it; this one is never released in between.
+    """
+
+    def __init__(self, handler: Any, sock: socket.socket) -> None:
+        self._sock = sock
+        super().__init__(handler, hostname="127.0.0.1", port=sock.getsockname()[1])
+
+    def _create_server(self) -> Any:
+        return self.loop.create_server(self._factory_invoker, sock=self._sock, ssl=self.ssl_context)
+
+
 @pytest.fixture
 def smtp_server() -> Iterator[tuple[int, _Inbox]]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
     inbox = _Inbox()
-    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller = _BoundController(inbox, sock)
     controller.start()
     try:
-        yield port, inbox
+        yield controller.port, inbox
     finally:
         controller.stop()
+        sock.close()
 
 
 @pytest.mark.slow

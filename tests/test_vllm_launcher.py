@@ -9,11 +9,11 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,9 +30,10 @@ from olmocr_tasks.vllm_launcher import (
     connection_env_line,
     connection_json,
 )
+from tests.ports import reserved_port
 
 FAKE_VLLM = """\
-import json, os, signal, sys, threading, time
+import json, os, signal, socket, sys, threading, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 args = sys.argv[1:]
@@ -65,7 +66,12 @@ def on_term(signum, frame):
 signal.signal(signal.SIGTERM, on_term)
 signal.signal(signal.SIGINT, on_term)
 time.sleep(float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "0")))
-server = HTTPServer((opt("--host"), int(opt("--port"))), Handler)
+class Server(HTTPServer):
+    # The test holds the port bound with SO_REUSEPORT (tests.ports.reserved_port) until we bind it.
+    def server_bind(self):
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
+server = Server((opt("--host"), int(opt("--port"))), Handler)
 threading.Thread(target=server.serve_forever, daemon=True).start()
 die_after = float(os.environ.get("FAKE_VLLM_DIE_AFTER", "0"))
 if die_after:
@@ -77,10 +83,11 @@ while True:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@pytest.fixture
+def port() -> Iterator[int]:
+    """The port the fake vllm is told to serve on, held for it until the test ends."""
+    with reserved_port() as held:
+        yield held
 
 
 @pytest.fixture
@@ -97,12 +104,12 @@ def _events(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
-def _options(fake: Path, log: Path, **overrides) -> VllmOptions:
+def _options(fake: Path, log: Path, port: int, **overrides) -> VllmOptions:
     env = {"FAKE_VLLM_LOG": str(log)}
     env.update(overrides.pop("env", {}))
     base = {
         "vllm_binary": str(fake),
-        "port": _free_port(),
+        "port": port,
         "ready_timeout_s": 20.0,
         "poll_interval_s": 0.1,
         "backoff_initial_s": 0.05,
@@ -201,10 +208,10 @@ def test_missing_vllm_is_a_clear_error(tmp_path):
 # -- supervision against the fake vllm -------------------------------------------------------------
 
 
-def test_restarts_are_bounded_with_backoff(fake_vllm, tmp_path):
+def test_restarts_are_bounded_with_backoff(fake_vllm, port, tmp_path):
     log = tmp_path / "events.jsonl"
     out = io.StringIO()
-    options = _options(fake_vllm, log, max_restarts=2, env={"FAKE_VLLM_DIE_AFTER": "0.5"})
+    options = _options(fake_vllm, log, port, max_restarts=2, env={"FAKE_VLLM_DIE_AFTER": "0.5"})
     supervisor = VllmSupervisor(options, out=out)
     assert supervisor.run() == 1
     starts = [event for event in _events(log) if event["event"] == "start"]
@@ -215,9 +222,9 @@ def test_restarts_are_bounded_with_backoff(fake_vllm, tmp_path):
     assert _connection_from(out.getvalue())["port"] == options.port
 
 
-def test_wrong_served_model_is_a_clear_error_without_restarts(fake_vllm, tmp_path, caplog):
+def test_wrong_served_model_is_a_clear_error_without_restarts(fake_vllm, port, tmp_path, caplog):
     log = tmp_path / "events.jsonl"
-    options = _options(fake_vllm, log, env={"FAKE_VLLM_SERVE_NAME": "some-other-model"})
+    options = _options(fake_vllm, log, port, env={"FAKE_VLLM_SERVE_NAME": "some-other-model"})
     out = io.StringIO()
     assert VllmSupervisor(options, out=out).run() == 2
     assert "some-other-model" in caplog.text and DEFAULT_MODEL in caplog.text
@@ -226,9 +233,9 @@ def test_wrong_served_model_is_a_clear_error_without_restarts(fake_vllm, tmp_pat
     assert "AIRFLOW_CONN" not in out.getvalue()
 
 
-def test_readiness_timeout_stops_the_server(fake_vllm, tmp_path, caplog):
+def test_readiness_timeout_stops_the_server(fake_vllm, port, tmp_path, caplog):
     log = tmp_path / "events.jsonl"
-    options = _options(fake_vllm, log, ready_timeout_s=1.0, env={"FAKE_VLLM_STARTUP_DELAY": "30"})
+    options = _options(fake_vllm, log, port, ready_timeout_s=1.0, env={"FAKE_VLLM_STARTUP_DELAY": "30"})
     # The fake would serve after 30 s; exit 1 with the timeout message, and the server signalled
     # before it ever served, show the 1-s timeout was honoured (no stopwatch needed).
     assert VllmSupervisor(options, out=io.StringIO()).run() == 1
@@ -236,11 +243,11 @@ def test_readiness_timeout_stops_the_server(fake_vllm, tmp_path, caplog):
     assert [event["event"] for event in _events(log)] == ["start", "signal"]
 
 
-def test_api_key_goes_through_the_environment_and_is_never_printed(fake_vllm, tmp_path, monkeypatch):
+def test_api_key_goes_through_the_environment_and_is_never_printed(fake_vllm, port, tmp_path, monkeypatch):
     monkeypatch.setenv("OLMOCR_TEST_VLLM_KEY", "very-secret-value")
     log = tmp_path / "events.jsonl"
     out = io.StringIO()
-    options = _options(fake_vllm, log, api_key_env="OLMOCR_TEST_VLLM_KEY")
+    options = _options(fake_vllm, log, port, api_key_env="OLMOCR_TEST_VLLM_KEY")
     supervisor = VllmSupervisor(options, out=out)
     runner = threading.Thread(target=supervisor.run)
     runner.start()
@@ -259,9 +266,8 @@ def test_api_key_goes_through_the_environment_and_is_never_printed(fake_vllm, tm
     assert "OLMOCR_TEST_VLLM_KEY" in out.getvalue()
 
 
-def test_cli_forwards_sigterm_and_prints_the_connection(fake_vllm, tmp_path):
+def test_cli_forwards_sigterm_and_prints_the_connection(fake_vllm, port, tmp_path):
     log = tmp_path / "events.jsonl"
-    port = _free_port()
     env = {**os.environ, "FAKE_VLLM_LOG": str(log)}
     command = [sys.executable, "-m", "olmocr_tasks.cli", "serve-vllm", "--vllm-binary", str(fake_vllm)]
     command += ["--port", str(port), "--ready-timeout", "30", "--", "--enforce-eager"]

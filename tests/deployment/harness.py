@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
 import glob
 import json
 import os
@@ -43,6 +44,9 @@ from typing import Any
 
 import httpx
 
+from tests import tier_record
+from tests.ports import PORT_ATTEMPTS, address_in_use, free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OUTPUT_ROOT = REPO_ROOT / "test-output" / "deployment"
 POOL = "olmocr_vllm"
@@ -55,12 +59,6 @@ KEEP_SESSIONS = 5
 
 class DeploymentError(RuntimeError):
     """A component did not start or did not become healthy; the message says where its log is."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def answers(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -226,30 +224,38 @@ class Postgres:
         else:
             data_dir = work_dir / "postgres"
             data_dir.mkdir(parents=True)
-        port = free_port()
         subprocess.run(
             _as_postgres_user([_postgres_binary("initdb"), "-D", str(data_dir), "-U", "postgres", "--auth=trust"]),
             check=True,
             capture_output=True,
         )
-        subprocess.run(
-            _as_postgres_user(
-                [
-                    _postgres_binary("pg_ctl"),
-                    "-D",
-                    str(data_dir),
-                    "-l",
-                    str(data_dir / "server.log"),
-                    "-o",
-                    f"-p {port} -k {data_dir} -c listen_addresses=127.0.0.1",
-                    "-w",
-                    "start",
-                ]
-            ),
-            check=True,
-            capture_output=True,
-        )
-        return cls("127.0.0.1", port, data_dir)
+        log = data_dir / "server.log"
+        # PostgreSQL is told a number: when another process took the port first, again on a fresh one.
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = free_port()
+            log.unlink(missing_ok=True)
+            started = subprocess.run(
+                _as_postgres_user(
+                    [
+                        _postgres_binary("pg_ctl"),
+                        "-D",
+                        str(data_dir),
+                        "-l",
+                        str(log),
+                        "-o",
+                        f"-p {port} -k {data_dir} -c listen_addresses=127.0.0.1",
+                        "-w",
+                        "start",
+                    ]
+                ),
+                check=False,
+                capture_output=True,
+            )
+            if started.returncode == 0:
+                return cls("127.0.0.1", port, data_dir)
+            if attempt == PORT_ATTEMPTS or not address_in_use(_tail(log)):
+                raise DeploymentError(f"PostgreSQL did not start ({started.returncode}); {log}:\n{_tail(log)}")
+        raise AssertionError("unreachable")
 
     def url(self, database: str, driver: str = "postgresql+psycopg2") -> str:
         return f"{driver}://postgres@{self.host}:{self.port}/{database}"
@@ -314,13 +320,20 @@ class Redis:
                 f"Redis is not answering on {LOCAL_REDIS[0]}:{LOCAL_REDIS[1]} and redis-server is not installed: "
                 "run `make test` (it installs Debian's redis-server package) or start a server there"
             )
-        port = free_port()
         data_dir = work_dir / "redis"
         data_dir.mkdir(parents=True)
-        command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        process = start_process("redis", [*command, "--dir", str(data_dir)], os.environ, work_dir)
-        wait_until(lambda: answers("127.0.0.1", port), 30, what="throwaway Redis listening")
-        return cls("127.0.0.1", port, process)
+        # Redis is told a number: when another process took the port first, again on a fresh one.
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = free_port()
+            command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+            process = start_process(f"redis-{attempt}", [*command, "--dir", str(data_dir)], os.environ, work_dir)
+            wait_until(lambda process=process: _redis_ready_or_gone(process), 30, what="throwaway Redis ready")
+            if process.alive:
+                return cls("127.0.0.1", port, process)
+            log = process.log
+            if attempt == PORT_ATTEMPTS or not address_in_use(_tail(log)):
+                raise DeploymentError(f"Redis exited ({process.popen.returncode}); {log}:\n{_tail(log)}")
+        raise AssertionError("unreachable")
 
     @property
     def url(self) -> str:
@@ -329,6 +342,11 @@ class Redis:
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop()
+
+
+def _redis_ready_or_gone(process: Process) -> bool:
+    # Redis logs "Ready to accept connections" once it listens; an answer on the port could be another's.
+    return not process.alive or b"ready to accept connections" in process.log.read_bytes().lower()
 
 
 # ------------------------------------------------------------------------------------ the cluster
@@ -366,6 +384,7 @@ class AirflowCluster:
         self.database = settings.database or f"olmocr_test_{self.token}"
         self.api_port = settings.api_port or free_port()
         self._secrets = self._load_secrets()
+        # Chosen again when the triggerer starts, after the api-server holds its port (see start()).
         self._ports = {"trigger_logs": free_port()}
         self.admin_password = self._secrets["admin"]
         # Tasks go to a queue of their own, so another deployment sharing the Redis never takes them.
@@ -488,14 +507,45 @@ class AirflowCluster:
         self._created_database = self.postgres.create_database(self.database)
         self.airflow("db", "migrate")
         self.airflow("pools", "set", POOL, str(self.settings.pool_slots), "vLLM capacity of this deployment")
-        self._launch("api-server", ["api-server"])
-        self._wait(lambda: self._get("/api/v2/version"), deadline, "api-server", "answering")
-        for name in ("scheduler", "dag-processor", "triggerer"):
+        self._launch_on_port("api-server", self._choose_api_port, lambda: self._get("/api/v2/version"), deadline)
+        for name in ("scheduler", "dag-processor"):
             self._launch(name, [name])
             self._wait(lambda name=name: self._job_healthy(name), deadline, name, "healthy")
+        # Its log server (a child process that only logs a port it cannot bind) takes a port chosen
+        # now, while the api-server holds its own: two free_port() calls may return the same number.
+        triggerer_ready = functools.partial(self._job_healthy, "triggerer")
+        self._launch_on_port("triggerer", self._choose_trigger_log_port, triggerer_ready, deadline)
         for worker in self.worker_names():
             self.start_worker(worker, deadline=deadline)
         return self
+
+    def _choose_api_port(self) -> None:
+        self.api_port = self.settings.api_port or free_port()
+
+    def _choose_trigger_log_port(self) -> None:
+        self._ports["trigger_logs"] = next(port for port in iter(free_port, None) if port != self.api_port)
+
+    def _launch_on_port(
+        self, name: str, choose_port: Callable[[], None], ready: Callable[[], Any], deadline: float
+    ) -> None:
+        """Launch a component that is told its port by number and wait until ``ready``.
+
+        Another process can take a free port before the component binds it: when the component
+        exits saying the address was in use, it is started again on a fresh port (its earlier log
+        kept as ``<name>.<attempt>.log``). A port fixed by the settings is not changed.
+        """
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            choose_port()
+            process = self._launch(name, [name])
+            try:
+                self._wait(ready, deadline, name, "ready")
+                return
+            except DeploymentError:
+                fixed = name == "api-server" and self.settings.api_port
+                if fixed or attempt == PORT_ATTEMPTS or process.alive or not address_in_use(_tail(process.log)):
+                    raise
+                process.stop()
+                process.log.rename(process.log.with_name(f"{name}.{attempt}.log"))
 
     def start_worker(self, name: str, *, deadline: float | None = None) -> Process:
         deadline = deadline or time.monotonic() + 300
@@ -734,6 +784,8 @@ def deployment(moto_url: str, *, pool_slots: int = 3, workers: int = 2) -> Itera
     from tests.fixtures.standin import start_standin_process
 
     work_dir = session_dir()
+    # make test checks afterwards that this happened once in its run (tests/tier_record.py).
+    tier_record.record(tier_record.START, "deployment", session=work_dir.name)
     clients = {
         "endpoint_url": moto_url,
         "region_name": REGION,

@@ -10,18 +10,21 @@ as a terminal does) and expects every process gone. (SIGTERM takes the same way 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.deployment.harness import REPO_ROOT, AirflowApi, answers, free_port
+from tests.deployment.harness import REPO_ROOT, AirflowApi, answers
+from tests.ports import PORT_ATTEMPTS, address_in_use, free_port
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(900)]
 
@@ -42,46 +45,89 @@ def _processes_in(folder: Path) -> list[psutil.Process]:
     return found
 
 
+class _MakeUp:
+    """``scripts/up.py`` started from a fresh clone on the given ports, its output collected by a thread."""
+
+    def __init__(self, clone: Path, ui_port: int, engine_port: int, inbox: Path, outbox: Path) -> None:
+        self.clone, self.ui_port, self.engine_port = clone, ui_port, engine_port
+        subprocess.run(["git", "clone", "--quiet", str(REPO_ROOT), str(clone)], check=True)
+        env = {
+            key: value for key, value in os.environ.items() if not key.startswith(("AIRFLOW", "OLMOCR_", "VIRTUAL_ENV"))
+        }
+        env |= {
+            "PATH": _without_virtualenv(os.environ.get("PATH", "")),
+            "AIRFLOW__API__PORT": str(ui_port),
+            "OLMOCR_CPU_ENGINE_PORT": str(engine_port),
+            "OLMOCR_INPUT_URI": str(inbox),
+            "OLMOCR_OUTPUT_URI": str(outbox),
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "scripts/up.py"],
+            cwd=clone,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if LOGIN.search(line):
+                self.ready.set()
+
+    def lost_a_port(self) -> bool:
+        """Another process took a port between our choosing it and a component binding it."""
+        logs = sorted((self.clone / ".airflow" / "logs").glob("*.log"))
+        return address_in_use("".join(self.lines)) or any(address_in_use(log.read_bytes()) for log in logs)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.ready.wait(1) and time.monotonic() < deadline and not self.lost_a_port():
+            if self.process.poll() is not None:
+                self.reader.join(timeout=10)
+                return
+
+    def interrupt(self) -> None:
+        """Ctrl-C as a terminal sends it: SIGINT to the whole process group."""
+        with contextlib.suppress(ProcessLookupError):  # it may have exited on its own
+            os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            self.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            raise
+        self.reader.join(timeout=10)
+
+
+def _start_on_free_ports(tmp_path: Path, inbox: Path, outbox: Path) -> _MakeUp:
+    """``make up`` is told its ports by number: when one was taken before it bound it, again on fresh ones."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        # Generous: a fresh SQLite database, then four Airflow components importing on a busy 2-core box.
+        ui_port = free_port()
+        engine_port = next(port for port in iter(free_port, None) if port != ui_port)
+        up = _MakeUp(tmp_path / f"clone-{attempt}", ui_port, engine_port, inbox, outbox)
+        up.wait_ready(timeout=600)
+        if up.ready.is_set() or attempt == PORT_ATTEMPTS or not up.lost_a_port():
+            return up
+        up.interrupt()
+    raise AssertionError("unreachable")
+
+
 def test_make_up_from_a_fresh_clone_serves_a_working_login_and_stops_on_ctrl_c(tmp_path: Path) -> None:
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "--quiet", str(REPO_ROOT), str(clone)], check=True)
-    ui_port, engine_port = free_port(), free_port()
     inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
     inbox.mkdir()
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("AIRFLOW", "OLMOCR_", "VIRTUAL_ENV"))}
-    env |= {
-        "PATH": _without_virtualenv(os.environ.get("PATH", "")),
-        "AIRFLOW__API__PORT": str(ui_port),
-        "OLMOCR_CPU_ENGINE_PORT": str(engine_port),
-        "OLMOCR_INPUT_URI": str(inbox),
-        "OLMOCR_OUTPUT_URI": str(outbox),
-    }
-    process = subprocess.Popen(
-        [sys.executable, "scripts/up.py"],
-        cwd=clone,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.append(line)
-            if LOGIN.search(line):
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    up = _start_on_free_ports(tmp_path, inbox, outbox)
+    process, lines, ui_port, engine_port = up.process, up.lines, up.ui_port, up.engine_port
     try:
-        # Generous: a fresh SQLite database, then four Airflow components importing on a busy 2-core box.
-        ready.wait(timeout=600)
-        assert ready.is_set(), "no login printed:\n" + "".join(lines[-40:])
+        assert up.ready.is_set(), "no login printed:\n" + "".join(lines[-40:])
         url, user, password = LOGIN.search("".join(lines)).groups()  # type: ignore[union-attr]
         assert url == f"http://127.0.0.1:{ui_port}"
 
@@ -95,14 +141,8 @@ def test_make_up_from_a_fresh_clone_serves_a_working_login_and_stops_on_ctrl_c(t
         assert params["output_uri"]["value"] == str(outbox)
         api.close()
     finally:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
-    reader.join(timeout=10)
+        up.interrupt()
 
     assert process.returncode == 0, "".join(lines[-40:])
     assert not answers("127.0.0.1", ui_port) and not answers("127.0.0.1", engine_port)
-    assert _processes_in(clone) == []
+    assert _processes_in(up.clone) == []

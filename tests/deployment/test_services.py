@@ -7,10 +7,13 @@ is known to work too.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
+from tests import ports
+from tests.deployment import harness
 from tests.deployment.harness import Postgres, Redis, answers
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(300)]
@@ -40,3 +43,34 @@ def test_throwaway_postgres_and_redis_start_serve_and_stop(tmp_path: Path) -> No
         broker.stop()
     assert not answers(postgres.host, postgres.port)
     assert not answers(broker.host, broker.port)
+
+
+def test_a_throwaway_server_whose_port_was_taken_starts_again_on_a_fresh_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL and Redis are told a port by number; another process may take it before they bind it."""
+    import redis
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        offered: list[int] = []
+
+        def taken_first() -> int:
+            offered.append(taken.getsockname()[1] if len(offered) % 2 == 0 else ports.free_port())
+            return offered[-1]
+
+        monkeypatch.setattr(harness, "free_port", taken_first)
+        postgres = Postgres.throwaway(tmp_path)
+        broker = Redis.throwaway(tmp_path)
+        try:
+            assert postgres.port == offered[1] and broker.port == offered[3], offered
+            assert offered[0] == offered[2] == taken.getsockname()[1]
+            assert postgres.create_database("olmocr_probe") is True
+            client = redis.Redis.from_url(broker.url)
+            assert client.ping() is True
+            client.close()
+        finally:
+            postgres.stop()
+            broker.stop()
+    assert (tmp_path / "redis-1.log").exists() and ports.address_in_use((tmp_path / "redis-1.log").read_bytes())

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# make test's run: each tier named in $SOLO_TIERS (a marker; its tests share one deployment, so they
+# must run in one process and in order) as a pytest process of its own, started first, its output in
+# test-output/tiers/<tier>.log (printed at the end); the rest of the suite at the same time in the
+# foreground, on $TEST_WORKERS pytest-xdist processes. Afterwards tests/tier_record.py checks that each
+# tier ran in one process and started its deployment at most once. Arguments go to every pytest
+# process (paths, -k, -p no:randomly ...); a process they select nothing in counts as passed.
+set -u
+python=.venv/bin/python
+out=test-output/tiers
+mkdir -p "$out"
+export OLMOCR_TIER_RECORD="$PWD/$out/record.jsonl"
+: > "$OLMOCR_TIER_RECORD"
+
+tiers=(${SOLO_TIERS:-})
+pids=()
+for tier in "${tiers[@]}"; do
+  # A background command of a script ignores Ctrl-C unless told otherwise; the tier must get it to
+  # stop its deployment (pytest's teardown), as the foreground run does.
+  ( trap - INT; exec "$python" -m pytest --tier "$tier" "$@" ) >"$out/$tier.log" 2>&1 &
+  pids+=($!)
+  echo "make test: the $tier tier runs in pytest process $! beside the rest (output: $out/$tier.log)"
+done
+
+# pytest's exit status 5: nothing selected in this process (the arguments chose another part).
+passed() { [ "$1" -eq 0 ] || [ "$1" -eq 5 ]; }
+
+"$python" -m pytest -n "${TEST_WORKERS:-1}" --exclude-tiers "${tiers[*]}" "$@"
+status=$?
+ran_any=$([ $status -ne 5 ] && echo 1 || echo 0)
+passed $status && status=0
+
+for index in "${!tiers[@]}"; do
+  wait "${pids[$index]}"
+  tier_status=$?
+  echo
+  echo "================ the ${tiers[$index]} tier (pytest process ${pids[$index]}, exit $tier_status) ================"
+  cat "$out/${tiers[$index]}.log"
+  [ $tier_status -ne 5 ] && ran_any=1
+  passed $tier_status || status=$tier_status
+done
+
+"$python" -m tests.tier_record "$OLMOCR_TIER_RECORD" || { [ $status -ne 0 ] || status=1; }
+if [ "$ran_any" = 0 ]; then
+  echo "make test: no test selected" >&2
+  exit 5
+fi
+exit $status
