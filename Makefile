@@ -40,6 +40,15 @@ up-cluster: prerequisites $(STAMP)
 bench: prerequisites $(STAMP)
 	$(BIN)/python bench/run_all.py
 
+# The compose tier (tests/compose): builds docker/'s images from a local Debian base (no registry
+# needed), runs the compose stack with host networking, one REST-triggered conversion and the UI in
+# Chromium, then `docker compose down -v`. Installs docker.io and mmdebstrap with apt and starts dockerd
+# when missing (as root); keeps the base image, the built images and the layer cache in Docker's store.
+.PHONY: test-compose
+test-compose: prerequisites $(STAMP)
+	@scripts/system-packages.sh chromium docker.io mmdebstrap
+	flock /tmp/olmocr-compose.lock $(BIN)/python -m pytest tests/compose -m compose -p no:xdist $(PYTEST_ARGS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 

@@ -1,0 +1,179 @@
+"""The compose deployment for real: docker/compose.yaml's images built, its stack up, one run through it.
+
+``make test-compose`` runs this module. It installs docker.io and mmdebstrap when missing, starts
+``dockerd`` (host networking only) unless one answers already, builds every image from a local
+Debian base, starts the stack with ``tests/compose/compose.override.yaml`` (images and networking
+only), uploads generated PDFs to the S3 stand-in, triggers ``olmocr_ingest`` through the REST API,
+reads the published manifest and outputs from the store, logs in to the UI and opens the "OCR runs"
+page in headless Chromium, then ``docker compose down -v`` must leave nothing but the cache
+(tests/compose/stack.py says what that is). A broken Dockerfile line, compose variable or health
+check fails the build or ``up --wait``, and so the tier.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from playwright.sync_api import sync_playwright
+
+from tests.compose.stack import (
+    BUCKET,
+    Leftovers,
+    Snapshot,
+    Stack,
+    compose_command,
+    engine_and_base,
+    remove_work_dir,
+)
+from tests.deployment.corpus import Bucket, assert_outputs_name_their_pages, converted, documents, statuses
+from tests.deployment.harness import AirflowApi, wait_until
+from tests.test_plugin_browser import CHROMIUM, CHROMIUM_ARGS
+
+pytestmark = [pytest.mark.compose, pytest.mark.browser, pytest.mark.timeout(3600)]
+
+DAG = "olmocr_ingest"
+ONE_SHOT = {"airflow-init", "s3-init"}
+LONG_RUNNING = {
+    "postgres",
+    "redis",
+    "minio",
+    "cpu-engine",
+    "airflow-apiserver",
+    "airflow-scheduler",
+    "airflow-dag-processor",
+    "airflow-triggerer",
+    "airflow-worker",
+}
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    with engine_and_base():
+        before = Snapshot.take()
+        stack = Stack(compose=compose_command())
+        stack.write_env_file()
+        failure: str | None = None
+        try:
+            stack.build()
+            stack.up()
+            yield stack
+        finally:
+            try:
+                stack.down()
+            except AssertionError as error:
+                failure = str(error)
+            leftovers = Leftovers.between(before, Snapshot.take())
+            leftovers.remove()
+            remove_work_dir(stack)
+            print(f"compose tier timings (s): {stack.timings}")
+        if failure:
+            pytest.fail(f"docker compose down failed: {failure}")
+        assert leftovers == Leftovers(set(), set(), set(), set()), f"left behind after down -v: {leftovers}"
+
+
+@pytest.fixture(scope="module")
+def api(stack: Stack) -> AirflowApi:
+    return AirflowApi(stack.api_url, "admin", stack.admin_password)
+
+
+@pytest.fixture(scope="module")
+def bucket(stack: Stack) -> Bucket:
+    return Bucket(stack.s3_url, BUCKET)
+
+
+@pytest.fixture(scope="module")
+def run(api: AirflowApi, bucket: Bucket) -> dict[str, Any]:
+    """One REST-triggered run of the ingest DAG over two uploaded PDFs, into the default output."""
+    prefix = f"compose-{uuid.uuid4().hex[:6]}/"
+    wanted = {
+        bucket.put_pdf(f"{prefix}alpha.pdf", pages=2, doc_id=301): 301,
+        bucket.put_pdf(f"{prefix}nested/beta.pdf", pages=1, doc_id=302): 302,
+    }
+    # The DAG is parsed by the dag-processor after start; it is paused at creation.
+    wait_until(lambda: api.request("GET", f"/api/v2/dags/{DAG}").status_code == 200, 300, 3, what=f"{DAG} parsed")
+    api.set_paused(DAG, False)
+    output = bucket.uri("output/")  # compose.yaml's OLMOCR_OUTPUT_URI, which the OCR runs page reads
+    response = api.trigger(DAG, {"input_uri": bucket.uri(prefix), "output_uri": output})
+    assert response.status_code == 200, response.text
+    finished = api.wait_for_run(DAG, response.json()["dag_run_id"], timeout=900)
+    manifest = bucket.manifest(output, DAG, finished["dag_run_id"])
+    return {"run": finished, "manifest": manifest, "wanted": wanted, "prefix": prefix}
+
+
+def test_every_service_is_up_on_the_host_network_and_binds_loopback_only(stack: Stack) -> None:
+    containers = {c["Config"]["Labels"]["com.docker.compose.service"]: c for c in stack.containers()}
+
+    assert set(containers) == LONG_RUNNING | ONE_SHOT
+    for name in ONE_SHOT:
+        assert containers[name]["State"]["Status"] == "exited" and containers[name]["State"]["ExitCode"] == 0, name
+    for name in LONG_RUNNING:
+        assert containers[name]["State"]["Health"]["Status"] == "healthy", name
+    for name, container in containers.items():
+        assert container["HostConfig"]["NetworkMode"] == "host", name
+    listening = set()
+    for name in LONG_RUNNING:
+        root = psutil.Process(containers[name]["State"]["Pid"])
+        for process in [root, *root.children(recursive=True)]:
+            for connection in process.net_connections(kind="inet"):
+                if connection.status == psutil.CONN_LISTEN:
+                    listening.add((name, connection.laddr.ip, connection.laddr.port))
+    outside = {entry for entry in listening if not ipaddress.ip_address(entry[1]).is_loopback}
+    assert not outside, f"listening beyond loopback: {sorted(outside)}"
+    ports = {
+        int(port) for key, port in stack.variables.items() if key.endswith("_PORT") and key != "MINIO_CONSOLE_PORT"
+    }
+    assert ports <= {port for _, _, port in listening}, "a service does not listen on the port its variable names"
+
+
+def test_rest_triggered_run_converts_the_uploaded_pdfs(run: dict[str, Any], bucket: Bucket) -> None:
+    manifest, wanted = run["manifest"], run["wanted"]
+
+    assert run["run"]["state"] == "success", run["run"]
+    assert run["run"]["triggered_by"] == "rest_api"
+    assert manifest is not None, "the run published no manifest"
+    assert set(documents(manifest)) == set(wanted), statuses(manifest)
+    assert converted(manifest) == sorted(wanted), statuses(manifest)
+    assert manifest["model"] == "olmocr-cpu-tesseract"
+    assert manifest["counts"]["pages"] == 3
+    # Tesseract in the CPU-engine container read each page's own marker line.
+    assert_outputs_name_their_pages(bucket, manifest, wanted)
+    # s3-init created the bucket and uploaded the repository's sample PDFs.
+    assert {"input/annual-report.pdf", "input/rotated-memo.pdf"} <= set(bucket.keys("input/"))
+
+
+def test_ui_login_and_the_ocr_runs_page(stack: Stack, run: dict[str, Any], tmp_path: Path) -> None:
+    if not CHROMIUM or not Path(CHROMIUM).exists():
+        pytest.fail("Chromium not found: install the Debian package 'chromium' (make test does)")
+    run_id = run["run"]["dag_run_id"]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(f"{stack.api_url}/auth/login/")
+            page.fill("input[name=username]", "admin")
+            page.fill("input[name=password]", stack.admin_password)
+            page.locator("[type=submit]").first.click()
+            page.wait_for_url(lambda url: "/auth/login" not in url, timeout=120_000)
+            # The plugin's page inside the UI (its nav entry's url_route) and the page itself.
+            page.goto(f"{stack.api_url}/plugin/ocr-runs")
+            frame = page.frame_locator("iframe").first
+            frame.get_by_text(run_id).first.wait_for(timeout=120_000)
+            page.screenshot(path=str(tmp_path / "ocr-runs.png"))
+            response = page.goto(f"{stack.api_url}/olmocr/")
+            assert response is not None and response.status == 200
+            assert run_id in page.content()
+        finally:
+            browser.close()
+
+
+def test_the_api_refuses_a_wrong_password(stack: Stack) -> None:
+    response = httpx.post(f"{stack.api_url}/auth/token", json={"username": "admin", "password": "wrong"}, timeout=60)
+
+    assert response.status_code in (400, 401, 403), response.text
