@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from secrets import token_hex
 from urllib.parse import urlsplit
 
@@ -84,6 +84,22 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-documents", type=_positive_int, help="convert at most this many documents")
     parser.add_argument("--max-failed-attempts", type=_positive_int, default=3, help="runs before a dead letter")
     parser.add_argument("--retry-dead-letters", action="store_true", help="convert dead letters once more")
+    parser.add_argument(
+        "--retry-interval",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="least time between two runs' attempts at a failing document: set it to how often you run this "
+        "(e.g. 3600 from an hourly cron); default 0, every run retries",
+    )
+    parser.add_argument(
+        "--claim-expiry",
+        type=_positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="how long a document claim lasts without renewal before another run may take the document over "
+        "(default: twice the read timeout plus the connect timeout)",
+    )
     parser.add_argument("--read-timeout", type=float, default=300.0, help="seconds to wait for one answer")
     parser.add_argument("--outage-window", type=float, default=180.0, help="seconds of failures before giving up")
     parser.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the server to be ready")
@@ -206,6 +222,8 @@ def _convert(args: argparse.Namespace) -> int:
         max_documents=args.max_documents,
         max_failed_attempts=args.max_failed_attempts,
         retry_dead_letters=args.retry_dead_letters,
+        retry_interval=timedelta(seconds=max(args.retry_interval, 0.0)),
+        claim_expiry_s=args.claim_expiry,
     )
     manifest, uri = run_conversion(request, Storage(), progress_stream=sys.stderr)
     _print_summary(manifest, uri)

@@ -25,9 +25,11 @@ import tempfile
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from olmocr_tasks import __version__
+from olmocr_tasks.claims import Blocked, Claim, ClaimBook
 from olmocr_tasks.client import InferenceClient
 from olmocr_tasks.config import ConversionSettings
 from olmocr_tasks.errors import (
@@ -42,7 +44,7 @@ from olmocr_tasks.errors import (
 )
 from olmocr_tasks.gpu_busy import GpuBusy
 from olmocr_tasks.ledger import Ledger
-from olmocr_tasks.manifest import DocumentEntry
+from olmocr_tasks.manifest import SKIP_CLAIMED, SKIP_RETRY_LATER, DocumentEntry
 from olmocr_tasks.outputs import write_document_outputs
 from olmocr_tasks.page_store import PageStore
 from olmocr_tasks.pages import PageConverter
@@ -108,8 +110,17 @@ class ConversionEngine:
         reprocess: bool = False,
         task_context: dict[str, Any] | None = None,
         on_document: Callable[[DocumentEntry], Awaitable[None]] | None = None,
+        claims: ClaimBook | None = None,
+        run_time: datetime | None = None,
+        retry_from: datetime | None = None,
     ) -> None:
         self.settings = settings
+        # Each document is claimed before converting (``olmocr_tasks.claims``); None: no claims.
+        self._claims = claims
+        # The run's time on its schedule, recorded with failures; a failed document's claim stays as a
+        # cool-down until ``retry_from`` (None: released at once).
+        self._run_time = run_time
+        self._retry_from = retry_from
         # Called as each document finishes, so a caller can persist entries before the whole batch ends.
         self._on_document = on_document
         self._storage = storage
@@ -182,6 +193,77 @@ class ConversionEngine:
         return [entry for entry in entries if entry is not None]
 
     async def _convert_one(self, source: SourceDocument, admission: _Admission) -> DocumentEntry:
+        """Claim the document (when claims are in use), convert it, release the claim."""
+        if self._claims is None:
+            return await self._convert_held(source, admission, None)
+        try:
+            outcome = await asyncio.to_thread(self._claims.acquire, source.info)
+        except BaseException:
+            await admission.leave(1)
+            raise
+        if isinstance(outcome, Blocked):
+            await admission.leave(1)
+            return self._left_for_later(source, outcome)
+        claim = outcome
+        renewing = asyncio.create_task(self._keep_claimed(source, claim))
+        entry: DocumentEntry | None = None
+        try:
+            entry = await self._convert_held(source, admission, claim)
+            return entry
+        finally:
+            renewing.cancel()
+            # A recorded failure leaves a cool-down when the run spaces its retries; anything else
+            # (converted, skipped, an outage or cancellation before an outcome) gives the claim back.
+            failed = entry is not None and entry.status == "failed"
+            retry_from = self._retry_from if failed else None
+            try:
+                await asyncio.shield(asyncio.to_thread(claim.release, retry_from))
+            except Exception as exc:
+                # It expires on its own; until then other runs skip the document.
+                log.warning("could not release the claim of %s: %s", source.uri, exc)
+
+    def _left_for_later(self, source: SourceDocument, blocked: Blocked) -> DocumentEntry:
+        """The entry of a document another run holds (or failed recently): skipped, nothing recorded."""
+        record = blocked.record
+        entry = DocumentEntry(
+            source=source.uri,
+            status="skipped",
+            size=source.info.size,
+            claimed_by=record.run_id,
+            task=self._task_context,
+        )
+        if blocked.cooling_down and record.retry_from is not None:
+            entry.skip_reason, entry.retry_from = SKIP_RETRY_LATER, record.retry_from.isoformat()
+        else:
+            entry.skip_reason = SKIP_CLAIMED
+        log.info("%s: %s by run %s, left for later", source.uri, entry.skip_reason, record.run_id)
+        if self._progress:
+            self._progress.document_done(entry)
+        return entry
+
+    async def _keep_claimed(self, source: SourceDocument, claim: Claim) -> None:
+        """Renew the claim while the document converts (long documents outlast one expiry)."""
+        assert self._claims is not None
+        while True:
+            await asyncio.sleep(self._claims.renew_every_s)
+            try:
+                held = await asyncio.to_thread(claim.renew)
+            except Exception as exc:
+                log.warning("could not renew the claim of %s: %s", source.uri, exc)
+                continue
+            if not held:
+                lost_to = claim.lost_to.run_id if claim.lost_to else "another run"
+                log.warning(
+                    "%s: claim taken over by run %s; its outcome will not be recorded here", source.uri, lost_to
+                )
+                return
+
+    async def _check_claim(self, claim: Claim | None) -> None:
+        """Fence: raise ``_ClaimLost`` when another run took this document over (before writing anything)."""
+        if claim is not None and not await asyncio.to_thread(claim.still_held):
+            raise _ClaimLost(claim.lost_to.run_id if claim.lost_to else "unknown")
+
+    async def _convert_held(self, source: SourceDocument, admission: _Admission, held: Claim | None) -> DocumentEntry:
         started = time.monotonic()
         unfinished = 1
         local_path: str | None = None
@@ -205,6 +287,7 @@ class ConversionEngine:
                     entry.skip_reason = "already_converted"
                 else:
                     entry.skip_reason, entry.duplicate_of = "duplicate_content", converted_from
+                await self._check_claim(held)
                 await self._remember_done(source, entry)
                 await self._discard_saved_pages(entry.sha256)
                 return entry
@@ -213,6 +296,7 @@ class ConversionEngine:
                 result = await self._convert_pages(source, local_path, entry, admission)
                 unfinished = 0
                 result.seconds = round(time.monotonic() - started, 3)
+                await self._check_claim(held)
                 entry.outputs = await asyncio.to_thread(
                     write_document_outputs,
                     result,
@@ -230,11 +314,14 @@ class ConversionEngine:
                     claim.cancel()
                 self._content_in_progress.pop(entry.sha256, None)
             entry.status = "converted"
+            await self._check_claim(held)
             await self._remember_done(source, entry)
             await self._discard_saved_pages(entry.sha256)
         except DocumentError as exc:
             entry.error_class, entry.error = exc.error_class, str(exc) or exc.__class__.__name__
-            await self._remember_failure(source, entry)
+            await self._record_failure(source, entry, held)
+        except _ClaimLost as lost:
+            self._lost_claim(entry, lost)
         except InfrastructureError:
             raise
         except asyncio.CancelledError:
@@ -243,7 +330,7 @@ class ConversionEngine:
             # A bug or an unforeseen library error must not take the other documents down with it.
             log.error("unexpected error converting %s:\n%s", source.uri, traceback.format_exc())
             entry.error_class, entry.error = "internal_error", f"{exc.__class__.__name__}: {exc}"
-            await self._remember_failure(source, entry)
+            await self._record_failure(source, entry, held)
         finally:
             entry.seconds = round(time.monotonic() - started, 3)
             await admission.leave(unfinished)
@@ -396,11 +483,42 @@ class ConversionEngine:
             except StorageError as exc:
                 log.warning("could not remove the saved pages of %s: %s", sha256, exc)
 
+    async def _record_failure(self, source: SourceDocument, entry: DocumentEntry, claim: Claim | None) -> None:
+        try:
+            await self._check_claim(claim)
+        except _ClaimLost as lost:
+            self._lost_claim(entry, lost)
+            return
+        await self._remember_failure(source, entry)
+
+    @staticmethod
+    def _lost_claim(entry: DocumentEntry, lost: _ClaimLost) -> None:
+        # Another run took the document over while this one was frozen or cut off: its outcome stands.
+        what = f"{entry.error_class}: {entry.error}" if entry.error_class else "converted"
+        entry.status, entry.skip_reason, entry.claimed_by = "skipped", SKIP_CLAIMED, lost.run_id
+        entry.error_class, entry.outputs = None, {}
+        entry.error = f"run {lost.run_id} took its claim over; this run's outcome ({what}) was not recorded"
+
     async def _remember_failure(self, source: SourceDocument, entry: DocumentEntry) -> None:
         if self._ledger is not None:
             entry.failed_attempts = await asyncio.to_thread(
-                self._ledger.mark_failed, source.info, entry.error_class or "", entry.error or "", self._run_id
+                functools.partial(
+                    self._ledger.mark_failed,
+                    source.info,
+                    entry.error_class or "",
+                    entry.error or "",
+                    self._run_id,
+                    run_time=self._run_time,
+                )
             )
+
+
+class _ClaimLost(Exception):
+    """This run's claim on a document was taken over: nothing of its outcome may be recorded."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:

@@ -32,7 +32,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from olmocr_tasks.manifest import utc_now
@@ -113,6 +113,8 @@ class FailureRecord:
     error: str
     run_id: str
     at: str
+    # The failing run's time on its schedule (``RunRequest.run_time``): re-drive spaces attempts from it.
+    run_time: datetime | None = None
 
 
 class LedgerSnapshot:
@@ -121,8 +123,12 @@ class LedgerSnapshot:
     def __init__(self, versions: dict[str, int], failure_markers: dict[str, str] | None = None) -> None:
         # "<source-id>/<fingerprint>" → -1 when done, else the number of failed runs.
         self._versions = versions
-        # "<source-id>/<fingerprint>" → the URI of one of its failure markers (they name the source).
+        # "<source-id>/<fingerprint>" → the URI of its latest failure marker (they name the source).
         self._failure_markers = failure_markers or {}
+
+    def last_failure_marker(self, info: ObjectInfo) -> str | None:
+        """The URI of this version's most recent failure marker, if it failed (None otherwise)."""
+        return self._failure_markers.get(_version_key(info))
 
     def failure_markers(self) -> dict[str, int]:
         """One failure marker per version that failed and was never converted since → its failed runs."""
@@ -181,6 +187,8 @@ class Ledger:
         self.state_uri = join_uri(output_uri, STATE_DIR, conversion_key)
         self._sources_uri = join_uri(self.state_uri, SOURCES_DIR)
         self._description = dict(description) if description else None
+        # Failure markers read by this instance (they never change once written).
+        self._markers_read: dict[str, dict[str, Any] | None] = {}
 
     # ------------------------------------------------------------------------------- reading
 
@@ -188,6 +196,7 @@ class Ledger:
         """Status of every known source version from one paginated listing of the state prefix."""
         versions: dict[str, int] = {}
         failure_markers: dict[str, str] = {}
+        marker_times: dict[str, datetime] = {}
         prefix_length = len(self._sources_uri.rstrip("/")) + 1
         for info in self.storage.list_objects(self._sources_uri):
             source_part, _, name = info.uri[prefix_length:].partition("/")
@@ -199,7 +208,9 @@ class Ledger:
             if match["done"]:
                 versions[key] = _DONE
             else:
-                failure_markers[key] = info.uri
+                # The latest marker: its run's time decides when the version may be tried again.
+                if key not in marker_times or info.last_modified >= marker_times[key]:
+                    failure_markers[key], marker_times[key] = info.uri, info.last_modified
                 if current != _DONE:
                     versions[key] = current + 1
         return LedgerSnapshot(versions, failure_markers)
@@ -222,11 +233,10 @@ class Ledger:
         for uri, failures in snapshot.failure_markers().items():
             if not failed_runs(failures) or uri.rsplit("/", 2)[-2] in skip:
                 continue
-            raw = self.storage.read_bytes_or_none(uri)
-            if raw is None:
+            data = self._read_marker(uri)
+            if data is None:
                 continue
             try:
-                data = json.loads(raw)
                 found.append(
                     ObjectInfo(
                         uri=data["source"],
@@ -238,6 +248,39 @@ class Ledger:
             except (ValueError, KeyError, TypeError):
                 continue
         return found
+
+    def latest_failure(self, snapshot: LedgerSnapshot, info: ObjectInfo) -> FailureRecord | None:
+        """This version's latest failure as the snapshot found it (None: it never failed, or unreadable).
+
+        One small read of its latest marker, shared with ``failed_sources``; no listing.
+        """
+        uri = snapshot.last_failure_marker(info)
+        data = self._read_marker(uri) if uri else None
+        if data is None:
+            return None
+        try:
+            at = str(data["at"])
+            return FailureRecord(
+                source=data["source"],
+                error_class=data["error_class"],
+                error=data.get("error", ""),
+                run_id=data.get("run_id", ""),
+                at=at,
+                # Markers from before run times were recorded: the time they were written.
+                run_time=_aware(datetime.fromisoformat(str(data.get("run_time") or at).replace("Z", "+00:00"))),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def _read_marker(self, uri: str) -> dict[str, Any] | None:
+        if uri not in self._markers_read:
+            raw = self.storage.read_bytes_or_none(uri)
+            try:
+                data = json.loads(raw) if raw is not None else None
+            except ValueError:
+                data = None
+            self._markers_read[uri] = data if isinstance(data, dict) else None
+        return self._markers_read[uri]
 
     def status(self, info: ObjectInfo) -> Status:
         """The status of one object from a small listing of its own state folder."""
@@ -329,10 +372,14 @@ class Ledger:
             self.storage.write_bytes_atomic(content_uri, _json(content), content_type="application/json")
         self.storage.write_bytes_atomic(self._marker_uri(info, "done"), _json(payload), content_type="application/json")
 
-    def mark_failed(self, info: ObjectInfo, error_class: str, error: str, run_id: str) -> int:
+    def mark_failed(
+        self, info: ObjectInfo, error_class: str, error: str, run_id: str, *, run_time: datetime | None = None
+    ) -> int:
         """Record that this run failed to convert the object version; returns the failed-run count.
 
         ``error`` must already be free of secrets. Marking twice in the same run counts once.
+        ``run_time`` is the run's time on its schedule (``RunRequest.run_time``): re-drive spaces the
+        next attempt from it.
         """
         self._describe()
         payload = {
@@ -342,6 +389,8 @@ class Ledger:
             "run_id": run_id,
             "at": utc_now(),
         }
+        if run_time is not None:
+            payload["run_time"] = run_time.isoformat()
         self.storage.write_bytes_atomic(
             self._marker_uri(info, "failed." + _run_token(run_id)), _json(payload), content_type="application/json"
         )
@@ -396,6 +445,10 @@ class Ledger:
         if not self.storage.exists(uri):
             body = {"conversion_key": self.conversion_key, "layout": LAYOUT_VERSION, **description}
             self.storage.write_bytes_atomic(uri, _json(body), content_type="application/json")
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _object_fields(info: ObjectInfo) -> dict[str, Any]:

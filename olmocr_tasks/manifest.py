@@ -18,7 +18,10 @@ from typing import Any, Literal
 from olmocr_tasks.gpu_busy import GpuBusy
 from olmocr_tasks.results import DocumentTotals
 
-SCHEMA_VERSION = 1
+# 2: per-document ``redriven``, ``claimed_by`` and ``retry_from``; counts ``redriven``,
+# ``redriven_failed``, ``claimed``, ``retry_later``, ``judged`` and ``judged_failed``. Version 1
+# manifests still read (the new fields take their defaults).
+SCHEMA_VERSION = 2
 MANIFESTS_DIR = "manifests"
 
 Status = Literal["converted", "failed", "skipped"]
@@ -26,6 +29,11 @@ Status = Literal["converted", "failed", "skipped"]
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 # The error class of a planned document whose batch never reported it.
 NOT_CONVERTED = "not_converted"
+# Skip reasons of documents a run left for later: another run held its claim, or it failed recently
+# and its next attempt is not due yet (``retry_from``).
+SKIP_CLAIMED = "claimed"
+SKIP_RETRY_LATER = "retry_later"
+LEFT_FOR_LATER = frozenset({SKIP_CLAIMED, SKIP_RETRY_LATER})
 # What ``metrics.cost.gpu_seconds`` counts: the GPU-busy seconds the batches measured from vLLM's
 # /metrics (``gpu_busy``), or the run's wall-clock time when some batch could not measure them.
 COST_BASIS_METRICS = "vllm_metrics_busy"
@@ -78,6 +86,12 @@ class DocumentEntry:
     hedged: int = 0
     # Airflow context of the task that converted it (dag/run/task/map index), when run by Airflow.
     task: dict[str, Any] | None = None
+    # Planned because its last outcome was a failure (re-drive): judged on its own line, not in the budget.
+    redriven: bool = False
+    # Skipped because another run held its claim (that run's id), or the run whose failure it cools down from.
+    claimed_by: str | None = None
+    # Skipped as ``retry_later``: the earliest run time that tries it again (ISO 8601).
+    retry_from: str | None = None
 
     def record_totals(self, totals: DocumentTotals) -> None:
         """Take a converted document's totals (the same object its Dolma record was written from)."""
@@ -247,6 +261,9 @@ def count_entries(documents: Iterable[DocumentEntry]) -> dict[str, int]:
         ("documents", "converted", "failed", "skipped", "pages", "fallback_pages", "input_tokens", "output_tokens"), 0
     )
     counts |= dict.fromkeys(("server_input_tokens", "server_output_tokens", "attempts", "hedged", NOT_CONVERTED), 0)
+    counts |= dict.fromkeys(
+        ("redriven", "redriven_failed", SKIP_CLAIMED, SKIP_RETRY_LATER, "judged", "judged_failed"), 0
+    )
     for doc in documents:
         counts["documents"] += 1
         counts[doc.status] += 1
@@ -260,6 +277,16 @@ def count_entries(documents: Iterable[DocumentEntry]) -> dict[str, int]:
         counts["attempts"] += doc.attempts
         counts["hedged"] += doc.hedged
         counts[NOT_CONVERTED] += doc.error_class == NOT_CONVERTED
+        left_for_later = doc.status == "skipped" and doc.skip_reason in LEFT_FOR_LATER
+        if left_for_later:
+            counts[doc.skip_reason or ""] += 1
+        if doc.redriven:
+            counts["redriven"] += 1
+            counts["redriven_failed"] += doc.status == "failed"
+        elif not left_for_later:
+            # What the error budget judges: the run's own documents that it really tried.
+            counts["judged"] += 1
+            counts["judged_failed"] += doc.status == "failed"
     return counts
 
 
@@ -271,14 +298,22 @@ def error_budget_verdict(counts: dict[str, int], max_document_error_rate: float)
             f"{counts[NOT_CONVERTED]} documents were in convert tasks that failed "
             "(see those task logs; the next run retries them)"
         )
-    attempted = counts.get("converted", 0) + counts.get("failed", 0) + counts.get("skipped", 0)
-    failed = counts.get("failed", 0)
+    if "judged" in counts:
+        attempted, failed = counts["judged"], counts["judged_failed"]
+    else:  # schema 1 counts: every document was judged
+        attempted = counts.get("converted", 0) + counts.get("failed", 0) + counts.get("skipped", 0)
+        failed = counts.get("failed", 0)
     if attempted and failed / attempted > max_document_error_rate:
         problems.append(
             f"{failed} of {attempted} documents failed ({failed / attempted:.1%}), "
             f"over the budget of {max_document_error_rate:.1%}"
         )
-    return {"exceeded": bool(problems), "problems": problems}
+    verdict: dict[str, Any] = {"exceeded": bool(problems), "problems": problems}
+    if counts.get("redriven"):
+        # Re-driven documents are judged on their own line: earlier failures tried again never turn a
+        # run red (the dead-letter policy bounds them); they are reported here instead.
+        verdict["redriven"] = {"documents": counts["redriven"], "failed": counts.get("redriven_failed", 0)}
+    return verdict
 
 
 def _attempt_key(attempt: str) -> int:

@@ -15,17 +15,26 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from olmocr_tasks import __version__
+from olmocr_tasks.claims import ClaimBook, ClaimHolder
 from olmocr_tasks.config import ConversionSettings
 from olmocr_tasks.conversion import ConversionEngine
 from olmocr_tasks.discovery import MissingSource, iter_pdfs, resolve_explicit
 from olmocr_tasks.errors import ServerMisconfigured
 from olmocr_tasks.gpu_busy import NOTHING_SENT, GpuBusy
 from olmocr_tasks.ledger import Ledger, LedgerSnapshot, conversion_key, fingerprint
-from olmocr_tasks.manifest import NOT_CONVERTED, DocumentEntry, Manifest, count_entries, manifest_uri, utc_now
+from olmocr_tasks.manifest import (
+    NOT_CONVERTED,
+    SKIP_RETRY_LATER,
+    DocumentEntry,
+    Manifest,
+    count_entries,
+    manifest_uri,
+    utc_now,
+)
 from olmocr_tasks.outputs import output_stem
 from olmocr_tasks.progress import ProgressReporter
 from olmocr_tasks.protocol import PROMPT_VERSION
@@ -55,6 +64,21 @@ class RunRequest:
     max_failed_attempts: int = 3
     # Convert dead letters once more instead of listing them.
     retry_dead_letters: bool = False
+    # A reconciliation run (scheduled, manual scope "all", the CLI): it also re-drives the failed
+    # versions under its input that discovery did not list. Runs naming ``documents`` never re-drive.
+    redrive: bool = True
+    # The least time between two runs' attempts at a failing version, measured on the runs' schedule
+    # (``run_time``): Airflow uses the DAG's schedule interval, the CLI ``--retry-interval`` (default 0).
+    retry_interval: timedelta = timedelta(0)
+    # This run's time on its schedule: Airflow's ``run_after`` (a scheduled run's interval end), the
+    # CLI's start. Failure markers and cool-down claims record it.
+    run_time: datetime = field(default_factory=lambda: datetime.now(UTC))
+    # Seconds a document claim lasts without renewal (None: ``default_claim_expiry_s``).
+    claim_expiry_s: float | None = None
+
+    @property
+    def claim_expiry(self) -> float:
+        return self.claim_expiry_s or default_claim_expiry_s(self.settings)
 
     @property
     def conversion_key(self) -> str:
@@ -64,13 +88,30 @@ class RunRequest:
         return RunFolder(storage, self.output_uri, self.run_id, plan_id)
 
 
+def default_claim_expiry_s(settings: ConversionSettings) -> float:
+    """How long a document claim lasts without renewal: two page-request timeouts (620 s by default).
+
+    A live holder renews every quarter of it, off the event loop, so only a holder that stopped
+    running (killed, frozen, cut off from storage) lets it lapse. Two whole request timeouts are the
+    bound the client itself uses to call one request hung, comfortably more than a renewal's storage
+    retries, and short next to a schedule interval: a dead run's documents are taken over by the next
+    run. Airflow's retry of the same batch takes over its earlier attempt's claims at once.
+    """
+    server = settings.server
+    return 2 * (server.read_timeout_s + server.connect_timeout_s)
+
+
 def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
     """Discover what this run must convert. Cheap: one listing of the input and one of the state.
 
-    Besides what discovery finds, every run re-drives the versions under its input whose last outcome
-    was a failure (``not_converted`` included: publishing records those), whatever their LastModified,
-    until they convert or become dead letters: a scheduled run's window alone would never see them
-    again. ``retry_dead_letters`` takes dead letters back for one more try.
+    A run that names its documents (``documents``: REST, S3 events) plans exactly those. Any other
+    run plans what discovery lists; a version whose last outcome was a failure (``not_converted``
+    included: publishing records those) is *re-driven*: planned with ``redriven`` set once its next
+    attempt is due (its last failure's run time plus ``retry_interval``), else reported as skipped
+    ``retry_later``. A reconciliation run (``redrive``: scheduled runs, a manual scope "all", the CLI)
+    also re-drives the due failed versions under its input that discovery did not list, whatever their
+    LastModified: a scheduled run's window alone would never see them again. ``retry_dead_letters``
+    takes dead letters back for one more try.
     """
     plan = RunPlan(sources=[])
     ledger = Ledger(request.output_uri, storage, request.conversion_key)
@@ -96,16 +137,27 @@ def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
         )
     seen: set[str] = set()
 
-    def consider(info: ObjectInfo) -> None:
+    def consider(info: ObjectInfo, discovered: bool = True) -> None:
         seen.add(info.uri)
+        redriven = False
         if snapshot is not None:
-            if snapshot.status(info) == "done":
+            status = snapshot.status(info)
+            if status == "done":
                 plan.already_converted += 1
                 return
             if not request.retry_dead_letters and snapshot.is_dead_letter(info, request.max_failed_attempts):
                 plan.dead_letters.append(dead_letter_entry(ledger, snapshot, info))
                 return
-        plan.sources.append(SourceDocument(info=info, stem=output_stem(info.uri, request.input_uri)))
+            # A named document is converted because someone named it, failed before or not.
+            if status != "new" and request.documents is None:
+                retry_from = _retry_from(request, ledger, snapshot, info)
+                if retry_from is not None and request.run_time < retry_from:
+                    if discovered:
+                        plan.left_for_later.append(retry_later_entry(ledger, snapshot, info, retry_from))
+                    return
+                redriven = True
+        plan.sources.append(SourceDocument(info=info, stem=output_stem(info.uri, request.input_uri), redriven=redriven))
+        plan.redriven += redriven
 
     def full() -> bool:
         return request.max_documents is not None and len(plan.sources) >= request.max_documents
@@ -114,13 +166,38 @@ def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
         if full():
             break
         consider(info)
-    if snapshot is not None and request.input_uri:
+    if snapshot is not None and request.redrive and request.documents is None and request.input_uri:
         for info in _redrive_candidates(request, ledger, snapshot, storage, seen):
             if full():
                 break
-            plan.redriven += 1
-            consider(info)
+            consider(info, discovered=False)
     return plan
+
+
+def _retry_from(request: RunRequest, ledger: Ledger, snapshot: LedgerSnapshot, info: ObjectInfo) -> datetime | None:
+    """The earliest run time that may try this failed version again (None: any time)."""
+    if request.retry_interval <= timedelta(0):
+        return None
+    last = ledger.latest_failure(snapshot, info)
+    return None if last is None or last.run_time is None else last.run_time + request.retry_interval
+
+
+def retry_later_entry(
+    ledger: Ledger, snapshot: LedgerSnapshot, info: ObjectInfo, retry_from: datetime
+) -> DocumentEntry:
+    """A discovered version that failed recently: skipped until its next attempt is due."""
+    last = ledger.latest_failure(snapshot, info)
+    return DocumentEntry(
+        source=info.uri,
+        status="skipped",
+        size=info.size,
+        skip_reason=SKIP_RETRY_LATER,
+        claimed_by=last.run_id if last else None,
+        retry_from=retry_from.isoformat(),
+        error=f"failed recently ({last.error_class}: {last.error}); tried again from {retry_from.isoformat()}"
+        if last
+        else None,
+    )
 
 
 def _redrive_candidates(
@@ -139,6 +216,9 @@ def _redrive_candidates(
     for recorded in wanted:
         if recorded.uri in seen or not _within(recorded.uri, input_uri):
             continue
+        retry_from = _retry_from(request, ledger, snapshot, recorded)
+        if retry_from is not None and request.run_time < retry_from:
+            continue  # not due: a later reconciliation run takes it
         current = storage.stat(recorded.uri)
         # Gone, or replaced by new content: the new version has its own LastModified and history.
         if current is not None and fingerprint(current) == fingerprint(recorded):
@@ -191,7 +271,9 @@ def remember_not_converted(request: RunRequest, storage: Storage, plan: RunPlan,
     ledger = Ledger(request.output_uri, storage, request.conversion_key)
     for source in plan.sources:
         if source.uri in lost:
-            ledger.mark_failed(source.info, NOT_CONVERTED, "its batch did not finish", request.run_id)
+            ledger.mark_failed(
+                source.info, NOT_CONVERTED, "its batch did not finish", request.run_id, run_time=request.run_time
+            )
     return len(lost)
 
 
@@ -204,8 +286,12 @@ async def convert_sources(
     task_context: dict[str, Any] | None = None,
     check_ready: bool = True,
     on_document: Callable[[DocumentEntry], Awaitable[None]] | None = None,
+    claims: ClaimBook | None = None,
 ) -> ConvertedSources:
-    """Convert documents in this process. Raises ``InfrastructureError`` when the work must be retried."""
+    """Convert documents in this process. Raises ``InfrastructureError`` when the work must be retried.
+
+    With ``claims`` each document is claimed before it is converted (see ``olmocr_tasks.claims``).
+    """
     if not sources:
         return ConvertedSources([], NOTHING_SENT)
     ledger = Ledger(request.output_uri, storage, request.conversion_key)
@@ -220,6 +306,9 @@ async def convert_sources(
             reprocess=request.reprocess,
             task_context=task_context,
             on_document=on_document,
+            claims=claims,
+            run_time=request.run_time,
+            retry_from=request.run_time + request.retry_interval if request.retry_interval > timedelta(0) else None,
         )
         async with engine:
             if check_ready:
@@ -266,6 +355,14 @@ def convert_batch(
     folder = folder or request.run_folder(storage)
     attempt = folder.attempt(batch_key, try_number or folder.next_try(batch_key))
     finished = attempt.start()
+    claims = ClaimBook(
+        storage,
+        Ledger(request.output_uri, storage, request.conversion_key).state_uri,
+        ClaimHolder(request.run_id, folder.plan_id, batch_key, attempt.try_number, request.run_time),
+        request.claim_expiry,
+        # A run naming its documents was asked for exactly these: a cool-down is for re-drive.
+        respect_cool_downs=request.documents is None,
+    )
     remaining = [source for source in sources if source.uri not in finished]
     if finished:
         log.info(
@@ -291,6 +388,7 @@ def convert_batch(
                 task_context=task_context,
                 on_document=save_entry,
                 progress_stream=progress_stream,
+                claims=claims,
             )
         )
     except ServerMisconfigured as exc:
@@ -366,7 +464,9 @@ def build_manifest(
             entry = not_converted(
                 source, "its batch did not finish (see the task log); it will be retried by the next run"
             )
+        entry.redriven = source.redriven
         documents.append(entry)
+    documents.extend(plan.left_for_later)
     return Manifest(
         run_id=request.run_id,
         started_at=plan.started_at,

@@ -67,6 +67,8 @@ class SourceDocument:
 
     info: ObjectInfo
     stem: str
+    # Planned because its last outcome was a failure (re-drive), not as new work.
+    redriven: bool = False
 
     @property
     def uri(self) -> str:
@@ -74,13 +76,16 @@ class SourceDocument:
 
     def to_dict(self) -> dict[str, Any]:
         info = self.info
-        return {
+        data: dict[str, Any] = {
             "uri": info.uri,
             "size": info.size,
             "etag": info.etag,
             "last_modified": info.last_modified.isoformat() if info.last_modified else None,
             "stem": self.stem,
         }
+        if self.redriven:
+            data["redriven"] = True
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SourceDocument:
@@ -91,7 +96,7 @@ class SourceDocument:
             etag=data.get("etag"),
             last_modified=datetime.fromisoformat(modified) if modified else None,
         )
-        return cls(info=info, stem=data["stem"])
+        return cls(info=info, stem=data["stem"], redriven=bool(data.get("redriven", False)))
 
 
 @dataclass
@@ -102,8 +107,10 @@ class RunPlan:
     # Documents that cannot even be attempted (an explicit URI that does not exist).
     unavailable: list[DocumentEntry] = field(default_factory=list)
     dead_letters: list[DocumentEntry] = field(default_factory=list)
+    # Discovered documents this run leaves for later (``skipped`` / ``retry_later``: failed recently).
+    left_for_later: list[DocumentEntry] = field(default_factory=list)
     already_converted: int = 0
-    # How many sources were added because their last outcome was a failure (not found by discovery).
+    # How many sources are planned because their last outcome was a failure (``SourceDocument.redriven``).
     redriven: int = 0
     started_at: str = field(default_factory=utc_now)
 
@@ -115,6 +122,7 @@ class RunPlan:
             "sources": [source.to_dict() for source in self.sources],
             "unavailable": [entry.to_dict() for entry in self.unavailable],
             "dead_letters": [entry.to_dict() for entry in self.dead_letters],
+            "left_for_later": [entry.to_dict() for entry in self.left_for_later],
         }
 
     @classmethod
@@ -123,6 +131,7 @@ class RunPlan:
             sources=[SourceDocument.from_dict(item) for item in data["sources"]],
             unavailable=[DocumentEntry.from_dict(item) for item in data.get("unavailable", [])],
             dead_letters=[DocumentEntry.from_dict(item) for item in data.get("dead_letters", [])],
+            left_for_later=[DocumentEntry.from_dict(item) for item in data.get("left_for_later", [])],
             already_converted=data.get("already_converted", 0),
             redriven=data.get("redriven", 0),
             started_at=data["started_at"],

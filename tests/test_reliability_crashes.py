@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,13 @@ from tests.reliability_checks import (
 )
 from tests.standin.server import StandinServer
 
-FAST = ["--read-timeout", "5", "--outage-window", "5", "--ready-timeout", "5", "--target-longest-image-dim", "512"]
+# A short claim expiry: the run after a kill (another run id) takes the killed run's claims over
+# once they expire (``wait_for_claims_to_expire``), instead of skipping those documents as claimed.
+CLAIM_EXPIRY_S = 2.0
+FAST = [
+    "--read-timeout", "5", "--outage-window", "5", "--ready-timeout", "5", "--target-longest-image-dim", "512",
+    "--claim-expiry", str(CLAIM_EXPIRY_S),
+]  # fmt: skip
 
 
 def write_documents(folder: Path, pages: dict[int, int]) -> dict[str, int]:
@@ -49,9 +56,17 @@ def wait_until(condition: object, timeout: float, what: str) -> None:
         time.sleep(0.01)
 
 
+def wait_for_claims_to_expire(out: Path) -> None:
+    """Until every claim a killed run left has expired, as the claims themselves state."""
+    expiries = [datetime.fromisoformat(json.loads(path.read_text())["expires_at"]) for path in out.rglob("*.claim*")]
+    if expiries:
+        time.sleep(max(0.0, (max(expiries) - datetime.now(UTC)).total_seconds()) + 0.1)
+
+
 def finish_and_check(tmp_path: Path, standin: StandinServer, doc_ids: dict[str, int], run_id: str) -> dict:
     """Rerun to completion; the final state must account for every document exactly once."""
     out = tmp_path / "out"
+    wait_for_claims_to_expire(out)
     result = run_cli("convert", str(tmp_path / "in"), str(out), "--server", standin.url, "--run-id", run_id, *FAST)
     assert result.returncode == 0, result.stdout + result.stderr
     manifest = json.loads((out / "manifests" / f"{run_id}.json").read_text())

@@ -95,7 +95,7 @@ def test_counts_and_metrics_are_derived_from_documents() -> None:
 def test_manifest_round_trips_through_json() -> None:
     manifest = _manifest()
     data = json.loads(manifest.to_json())
-    assert data["schema_version"] == 1 and data["counts"]["documents"] == 3
+    assert data["schema_version"] == 2 and data["counts"]["documents"] == 3
     again = Manifest.from_dict(data)
     assert again.to_dict() == manifest.to_dict()
 

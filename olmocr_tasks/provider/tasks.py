@@ -34,7 +34,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import (
@@ -149,6 +149,7 @@ def build_request(
         documents = params.get("documents")
     input_uri = params.get("input_uri") or ""
     after, until = (None, None)
+    run_type = _value(context["dag_run"].run_type)
     if planning and documents is None:
         if not input_uri:
             raise ConfigurationError("no input: set the input_uri Param (or OLMOCR_INPUT_URI), or list documents")
@@ -180,7 +181,51 @@ def build_request(
         max_documents=params.get("max_documents"),
         max_failed_attempts=int(params.get("max_failed_attempts", 3)),
         retry_dead_letters=bool(params.get("retry_dead_letters", False)),
+        # Reconciliation: scheduled runs and runs that list everything (a manual scope "all"). A backfill
+        # retries failures inside its own interval only: its runs of adjacent intervals run at once.
+        redrive=documents is None and (run_type == "scheduled" or (after is None and until is None)),
+        retry_interval=schedule_interval(context),
+        run_time=run_time(context),
+        claim_expiry_s=_claim_expiry_setting(),
     )
+
+
+def schedule_interval(context: Mapping[str, Any]) -> timedelta:
+    """The DAG's schedule interval, which spaces two runs' attempts at a failing document.
+
+    A scheduled or backfill run's own data interval; otherwise the interval the DAG's timetable would
+    give a run now (a manual run of ``olmocr_ingest``); zero for DAGs without one (asset-triggered).
+    """
+    start, end = context.get("data_interval_start"), context.get("data_interval_end")
+    if start is not None and end is not None and end > start:
+        return end - start
+    expression = getattr(getattr(context.get("dag"), "timetable", None), "expression", None)
+    if isinstance(expression, timedelta):
+        return expression
+    if not isinstance(expression, str):
+        return timedelta(0)
+    from croniter import croniter  # Airflow's own cron library
+
+    try:
+        tick = croniter(expression, datetime.now(UTC)).get_prev(datetime)
+        return croniter(expression, tick).get_next(datetime) - tick
+    except (ValueError, KeyError):
+        return timedelta(0)
+
+
+def run_time(context: Mapping[str, Any]) -> datetime:
+    """The run's time on its schedule: ``run_after`` (a scheduled run's interval end; a manual run's trigger)."""
+    run = context["dag_run"]
+    moment = getattr(run, "run_after", None) or context.get("data_interval_end") or getattr(run, "start_date", None)
+    return moment or datetime.now(UTC)
+
+
+def _claim_expiry_setting() -> float | None:
+    """``OLMOCR_CLAIM_EXPIRY`` (seconds a document claim lasts without renewal); None: derived."""
+    value = os.environ.get("OLMOCR_CLAIM_EXPIRY")
+    if not value:
+        return None
+    return float(positive_number("OLMOCR_CLAIM_EXPIRY", value, unit="a number of seconds"))
 
 
 def airflow_run_record(context: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,12 @@ COUNT_KEYS = (
     "hedged",
     # Documents whose convert task failed as a whole (written by manifests since the run-folder change).
     "not_converted",
+    # Schema 2: earlier failures tried again (and how many failed again), and documents left for later
+    # because another run held their claim or they failed too recently (0 in older manifests).
+    "redriven",
+    "redriven_failed",
+    "claimed",
+    "retry_later",
 )
 METRIC_KEYS = (
     "elapsed_s",
@@ -236,6 +242,20 @@ class DocumentRow:
     skip_reason: str
     outputs: tuple[str, ...]  # which outputs it has ("markdown", "dolma")
     task: dict[str, Any] | None
+    # Schema 2: planned as a re-drive of an earlier failure; the run holding its claim (skipped
+    # "claimed") or whose failure it cools down from (skipped "retry_later", until ``retry_from``).
+    redriven: bool = False
+    claimed_by: str = ""
+    retry_from: str = ""
+
+    @property
+    def skip_note(self) -> str:
+        """Why a skipped document was left alone, in words (empty for other documents)."""
+        if self.skip_reason == "claimed":
+            return f"claimed by run {self.claimed_by or 'unknown'}: that run converts it"
+        if self.skip_reason == "retry_later":
+            return f"failed recently; tried again from {self.retry_from or 'the next interval'}"
+        return self.skip_reason.replace("_", " ")
 
     @property
     def name(self) -> str:
@@ -263,6 +283,9 @@ def document_rows(data: dict[str, Any]) -> list[DocumentRow]:
                 skip_reason=_text(doc.get("skip_reason")),
                 outputs=tuple(kind for kind in OUTPUT_KINDS if isinstance(outputs.get(kind), str)),
                 task=doc.get("task") if isinstance(doc.get("task"), dict) else None,
+                redriven=doc.get("redriven") is True,
+                claimed_by=_text(doc.get("claimed_by")),
+                retry_from=_text(doc.get("retry_from")),
             )
         )
     return rows

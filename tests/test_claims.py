@@ -1,0 +1,208 @@
+"""Claims (``olmocr_tasks.claims``) on a local folder and on S3 (moto's server over HTTP).
+
+Time is injected: a wall clock the claimants compare expiries with, and a monotonic clock the holder
+trusts its own lease by, so expiry and lapses are stated, not slept through.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from olmocr_tasks.claims import Blocked, Claim, ClaimBook, ClaimHolder
+from olmocr_tasks.storage import ObjectInfo, Storage
+
+T0 = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
+EXPIRY = 60.0
+
+
+class Clocks:
+    """A wall clock and a monotonic clock moved together by ``advance``."""
+
+    def __init__(self) -> None:
+        self.wall = T0
+        self.mono = 1000.0
+
+    def advance(self, seconds: float) -> None:
+        self.wall += timedelta(seconds=seconds)
+        self.mono += seconds
+
+
+@pytest.fixture(params=["local", "s3"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Storage, str]:
+    """A storage and the state folder claims go under, on each backend."""
+    if request.param == "local":
+        return Storage(), str(tmp_path / "out" / "_state" / "k")
+    options = request.getfixturevalue("s3_storage_options")
+    bucket = request.getfixturevalue("s3_bucket")
+    return Storage(options), f"s3://{bucket}/out/_state/k"
+
+
+def document(uri: str = "s3://in/a.pdf") -> ObjectInfo:
+    return ObjectInfo(uri=uri, size=1234, etag="abc", last_modified=T0)
+
+
+def book_for(
+    place: tuple[Storage, str],
+    clocks: Clocks,
+    run_id: str,
+    *,
+    attempt: int = 1,
+    run_time: datetime = T0,
+    respect_cool_downs: bool = True,
+    plan: str = "p",
+    batch: str = "b00000",
+) -> ClaimBook:
+    storage, state = place
+    return ClaimBook(
+        storage,
+        state,
+        ClaimHolder(run_id, plan, batch, attempt, run_time),
+        EXPIRY,
+        respect_cool_downs=respect_cool_downs,
+        clock=lambda: clocks.wall,
+        monotonic=lambda: clocks.mono,
+    )
+
+
+def held(result: Claim | Blocked) -> Claim:
+    assert isinstance(result, Claim), result
+    return result
+
+
+def blocked(result: Claim | Blocked) -> Blocked:
+    assert isinstance(result, Blocked), result
+    return result
+
+
+def test_a_live_claim_blocks_other_runs_and_its_release_frees_the_document(place: tuple[Storage, str]) -> None:
+    clocks = Clocks()
+    info = document()
+    claim = held(book_for(place, clocks, "left").acquire(info))
+    clocks.advance(EXPIRY / 2)
+    other = blocked(book_for(place, clocks, "right").acquire(info))
+    assert (other.record.run_id, other.cooling_down) == ("left", False)
+    assert claim.still_held()
+    claim.release()
+    assert place[0].stat(claim.uri) is None, "a released claim leaves nothing behind"
+    assert not claim.still_held()
+    held(book_for(place, clocks, "right").acquire(info)).release()
+
+
+def test_renewal_keeps_a_long_conversion_claimed(place: tuple[Storage, str]) -> None:
+    clocks = Clocks()
+    info = document()
+    claim = held(book_for(place, clocks, "long").acquire(info))
+    for _ in range(8):  # two whole expiries, renewed every quarter
+        clocks.advance(EXPIRY / 4)
+        assert claim.renew()
+        assert isinstance(book_for(place, clocks, "other").acquire(info), Blocked)
+    record = json.loads(place[0].read_bytes(claim.uri))
+    assert datetime.fromisoformat(record["expires_at"]) == clocks.wall + timedelta(seconds=EXPIRY)
+    assert (record["run_id"], record["attempt"]) == ("long", 1)
+
+
+def test_an_expired_claim_is_taken_over_once_and_its_late_holder_is_fenced(place: tuple[Storage, str]) -> None:
+    clocks = Clocks()
+    info = document()
+    dead = held(book_for(place, clocks, "dead").acquire(info))
+    clocks.advance(EXPIRY + 1)  # never renewed: its holder died or froze
+
+    # Several runs race to take it over at once: exactly one wins, the others see it held by the winner.
+    results: dict[str, Claim | Blocked] = {}
+
+    def take(run_id: str) -> None:
+        results[run_id] = book_for(place, clocks, run_id).acquire(info)
+
+    threads = [threading.Thread(target=take, args=(f"taker-{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [run_id for run_id, result in results.items() if isinstance(result, Claim)]
+    assert len(winners) == 1, results
+    (winner,) = winners
+    assert {result.record.run_id for result in results.values() if isinstance(result, Blocked)} <= {winner}
+
+    # The frozen holder comes back: its lease lapsed, so it reads storage and finds itself replaced.
+    assert not dead.still_held()
+    assert dead.lost_to is not None and dead.lost_to.run_id == winner
+    assert not dead.renew()
+    dead.release()  # deletes nothing: the chain is the winner's now
+    assert held(results[winner]).still_held()
+    assert isinstance(book_for(place, clocks, "late").acquire(info), Blocked)
+
+    held(results[winner]).release()
+    # The whole chain is gone (the first claim and the take-over), and the dead holder stays fenced
+    # even when a new run claims the document afresh.
+    fresh = held(book_for(place, clocks, "fresh").acquire(info))
+    assert not dead.still_held()
+    assert fresh.still_held()
+
+
+def test_a_later_attempt_of_the_same_batch_takes_over_at_once(place: tuple[Storage, str]) -> None:
+    clocks = Clocks()
+    info = document()
+    first = held(book_for(place, clocks, "run", attempt=1).acquire(info))
+    # Another batch or another run must wait for the expiry; the retry of this batch need not.
+    assert isinstance(book_for(place, clocks, "run", attempt=2, batch="b00001").acquire(info), Blocked)
+    retry = held(book_for(place, clocks, "run", attempt=2).acquire(info))
+    clocks.advance(EXPIRY)  # the first attempt's lease lapses: it checks storage from now on
+    assert not first.still_held()
+    assert retry.renew() and retry.still_held()
+
+
+def test_a_failed_document_cools_down_for_runs_that_respect_it(place: tuple[Storage, str]) -> None:
+    clocks = Clocks()
+    info = document()
+    hour = timedelta(hours=1)
+    failing = held(book_for(place, clocks, "scheduled-10", run_time=T0).acquire(info))
+    failing.release(retry_from=T0 + hour)
+    clocks.advance(120)
+    # A run planned in the same interval (a concurrent re-drive) is turned away until the next one.
+    cooling = blocked(book_for(place, clocks, "backfill", run_time=T0 + hour / 2).acquire(info))
+    assert cooling.cooling_down and cooling.record.retry_from == T0 + hour
+    assert cooling.record.run_id == "scheduled-10"
+    # A run naming the document ignores the cool-down; so does the next scheduled run.
+    held(book_for(place, clocks, "rest", run_time=T0, respect_cool_downs=False).acquire(info)).release()
+    failing_again = held(book_for(place, clocks, "scheduled-10b", run_time=T0).acquire(info))
+    failing_again.release(retry_from=T0 + hour)
+    held(book_for(place, clocks, "scheduled-11", run_time=T0 + hour).acquire(info)).release()
+
+
+def test_claims_are_per_document_version(place: tuple[Storage, str]) -> None:
+    clocks = Clocks()
+    old = document()
+    new = ObjectInfo(uri=old.uri, size=99, etag="def", last_modified=T0 + timedelta(minutes=1))
+    held(book_for(place, clocks, "a").acquire(old))
+    # A re-upload is a new version: another run converts it while the old one is still claimed.
+    held(book_for(place, clocks, "b").acquire(new))
+    held(book_for(place, clocks, "c").acquire(document("s3://in/other.pdf")))
+
+
+def test_an_uncontended_claim_costs_one_create_and_one_delete_on_s3(
+    s3_fault_proxy: Any, s3_bucket: str, tmp_path: Path
+) -> None:
+    clocks = Clocks()
+    storage = Storage(s3_fault_proxy.storage_options)
+    book = ClaimBook(
+        storage,
+        f"s3://{s3_bucket}/out/_state/k",
+        ClaimHolder("run", "p", "b", 1, T0),
+        EXPIRY,
+        clock=lambda: clocks.wall,
+        monotonic=lambda: clocks.mono,
+    )
+    before = len(s3_fault_proxy.requests)
+    claim = held(book.acquire(document()))
+    clocks.advance(EXPIRY / 8)
+    assert claim.still_held()  # from its own fresh lease: no request
+    claim.release()
+    requests = s3_fault_proxy.requests[before:]
+    methods = sorted(request.method for request in requests)
+    assert methods == ["DELETE", "PUT"], requests
