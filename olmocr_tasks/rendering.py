@@ -322,6 +322,9 @@ class _WorkerState:
         if kind == "noop":
             return None
         if self.test_hooks and kind == "_sleep":
+            if len(args) > 1:
+                # A file the test waits for instead of guessing when the worker is inside the call.
+                open(args[1], "w").close()
             time.sleep(args[0])
             return None
         if self.test_hooks and kind == "_crash":

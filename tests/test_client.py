@@ -35,6 +35,12 @@ def run(coro: Awaitable[T]) -> T:
     return asyncio.run(bounded())
 
 
+async def _until(condition: Callable[[], bool]) -> None:
+    """Wait for ``condition`` (``run``'s 45-s guard catches one that never comes)."""
+    while not condition():
+        await asyncio.sleep(0.01)
+
+
 def fast_settings(*servers: StandinServer | str, **overrides: Any) -> ServerSettings:
     """Seconds instead of minutes everywhere, so failure paths run quickly."""
     urls = tuple(server if isinstance(server, str) else server.url for server in servers)
@@ -426,10 +432,12 @@ def test_abandoned_failing_call_does_not_open_breaker_later(standin_factory: Fac
         async with InferenceClient(settings) as client:
             server.refuse_for(None)
             pending = asyncio.ensure_future(client.complete(page_body(1, 1)))
-            await asyncio.sleep(0.3)
+            # Abandoned once it has failed, so the outage clock is running.
+            await _until(lambda: any(count for kind, count in client.stats().outcomes.items() if kind != "ok"))
             pending.cancel()
             server.resume()
-            # Nobody is failing any more: the outage clock must have stopped.
+            # Nobody is failing any more: the outage clock must have stopped, so letting the 1 s
+            # window pass (what is tested, not a wait for something) opens nothing.
             await asyncio.sleep(1.2)
             return await client.complete(page_body(1, 2))
 
@@ -672,7 +680,8 @@ def test_metrics_absent_falls_back_to_fixed_window(standin_factory: Factory, cap
         settings = fast_settings(server, adaptive_concurrency=True, max_concurrent_requests=12)
         async with InferenceClient(settings) as client:
             await _load(client, pages=20, callers=4)
-            await asyncio.sleep(0.3)
+            # The poller's first /metrics answer (404) is what switches the window to fixed.
+            await _until(lambda: client.stats().window_mode == "fixed")
             return client.stats()
 
     with caplog.at_level(logging.INFO, logger="olmocr_tasks.backpressure"):
@@ -896,8 +905,10 @@ def test_late_original_is_cancelled_and_ignored(standin_factory: Factory) -> Non
             await _warm_up(client)
             answer = await client.complete(page_body(1, 1))
             stats = client.stats()
-            # Give the slow original every chance to answer late: nobody may be waiting for it.
-            await asyncio.sleep(2.0)
+            # Until the stand-in has finished with the slow original, whether cut off or answered
+            # late (1.5 s): then its record says which, and the client's counts may not have moved.
+            await _until(lambda: all(record["finished"] is not None for record in requests_for(server, 1, 1)))
+            assert client.stats().outcomes == stats.outcomes
             return answer, stats
 
     answer, stats = run(scenario())

@@ -328,6 +328,18 @@ def _gone(pid: int) -> bool:
     return not psutil.pid_exists(pid)
 
 
+def _sleep_args(seconds: float, started: Path) -> tuple[float, str]:
+    """Arguments of the ``_sleep`` hook: the worker creates ``started`` once it is inside the call."""
+    return (seconds, str(started))
+
+
+async def _until_started(started: Path) -> None:
+    deadline = time.monotonic() + 30  # a hang guard: a worker takes the call within milliseconds
+    while not started.exists():
+        assert time.monotonic() < deadline, "the worker never started the call"
+        await asyncio.sleep(0.01)
+
+
 def test_hanging_worker_is_killed_and_replaced(hook_pool: RenderPool, tmp_path: Path) -> None:
     path = write(tmp_path, "doc.pdf", pdfgen.text_pdf(1, 2))
 
@@ -356,8 +368,9 @@ def test_crashing_worker_is_replaced(hook_pool: RenderPool, tmp_path: Path) -> N
             assert caught.value.reason == "crashed"
             # Killed from outside while busy (what the OOM killer does).
             pid = await pool._call("_pid", (), "asking the pid")
-            sleeper = asyncio.ensure_future(pool._call("_sleep", (60,), "sleeping"))
-            await asyncio.sleep(0.2)
+            started = tmp_path / "started"
+            sleeper = asyncio.ensure_future(pool._call("_sleep", _sleep_args(60, started), "sleeping"))
+            await _until_started(started)
             os.kill(pid, 9)
             with pytest.raises(RenderError, match="SIGKILL") as caught:
                 await asyncio.wait_for(sleeper, 30)  # a hang guard, well under the 60 s the sleep would take
@@ -373,20 +386,26 @@ def test_cancelled_caller_leaves_the_pool_usable(hook_pool: RenderPool, tmp_path
 
     async def body() -> None:
         async with hook_pool as pool:
-            with pytest.raises(TimeoutError):
-                await asyncio.wait_for(pool._call("_sleep", (0.5,), "sleeping"), 0.1)
+            # Cancelled while the worker is inside the call, not before it got there.
+            started = tmp_path / "started"
+            call = asyncio.ensure_future(pool._call("_sleep", _sleep_args(0.5, started), "sleeping"))
+            await _until_started(started)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
             assert marker(decode(await pool.render_page(path, 0))) == Marker(2, 1, 0)
             assert pool.replacements == 0
 
     asyncio.run(body())
 
 
-def test_close_does_not_wait_for_a_busy_worker(hook_pool: RenderPool) -> None:
+def test_close_does_not_wait_for_a_busy_worker(hook_pool: RenderPool, tmp_path: Path) -> None:
     async def body() -> None:
         await asyncio.to_thread(hook_pool.start)
-        sleeper = asyncio.ensure_future(hook_pool._call("_sleep", (60,), "sleeping", timeout=120))
+        started = tmp_path / "started"
+        sleeper = asyncio.ensure_future(hook_pool._call("_sleep", _sleep_args(60, started), "sleeping", timeout=120))
         queued = asyncio.ensure_future(hook_pool._call("_sleep", (60,), "sleeping", timeout=120))
-        await asyncio.sleep(0.3)
+        await _until_started(started)
         pids = hook_pool.worker_pids()
         await hook_pool.close()
         # Event order instead of a stopwatch: when close() returns, the worker is already gone and
@@ -494,7 +513,7 @@ from olmocr_tasks.rendering import RenderPool
 async def main():
     async with RenderPool(workers=1) as pool:
         print(pool.worker_pids()[0], flush=True)
-        await pool._call("_sleep", (120,), "sleeping")
+        await pool._call("_sleep", (120, sys.argv[1]), "sleeping")
 
 asyncio.run(main())
 """
@@ -504,13 +523,14 @@ def test_worker_stuck_in_a_call_dies_with_its_parent(tmp_path: Path) -> None:
     # A scheduler SIGKILLing the task process must not leave a worker stuck inside PDFium behind.
     env = {**os.environ, TEST_HOOKS_ENV: "1"}
     root = str(Path(__file__).resolve().parent.parent)
+    started = tmp_path / "started"
     parent = subprocess.Popen(
-        [sys.executable, "-c", _ORPHAN_SCRIPT], stdout=subprocess.PIPE, env=env, cwd=root, text=True
+        [sys.executable, "-c", _ORPHAN_SCRIPT, str(started)], stdout=subprocess.PIPE, env=env, cwd=root, text=True
     )
     try:
         assert parent.stdout is not None
         worker_pid = int(parent.stdout.readline())
-        time.sleep(0.3)  # let the sleep request reach the worker
+        asyncio.run(_until_started(started))  # the worker is inside the call: stuck, as in PDFium
         parent.kill()
         parent.wait()
         deadline = time.monotonic() + 30  # a hang guard: the kernel kills the orphan at once
