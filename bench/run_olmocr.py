@@ -22,6 +22,9 @@ from bench.corpus import Corpus
 from bench.measure import run_measured
 
 OLMOCR_VERSION = "0.4.27"
+# Its dependencies resolve as PyPI served them when Runs 1-2 of bench/README.md installed it, not as
+# of today: the same versions on every machine without a lock of its own (uv's --exclude-newer).
+OLMOCR_RESOLVED_AS_OF = "2026-11-30T12:49:00Z"
 OLMOCR_VENV = RESULTS_DIR / "olmocr-venv"
 
 # (name, extra flags): olmOCR's defaults (20 workers, 1600 requests), and the setting its README
@@ -64,8 +67,9 @@ def ensure_olmocr(log: Path) -> str | None:
         uv = VENV_BIN / "uv"
         if uv.exists():
             install = [str(uv), "pip", "install", "-p", str(olmocr_python()), f"olmocr=={OLMOCR_VERSION}"]
+            install += ["--exclude-newer", OLMOCR_RESOLVED_AS_OF]
         else:
-            install = [str(olmocr_python()), "-m", "pip", "install", "-q", f"olmocr=={OLMOCR_VERSION}"]
+            return "uv is missing from the venv: run `make bench`, which installs it from the lock"
         done = subprocess.run(install, stdout=out, stderr=out, check=False)
         if done.returncode != 0:
             return f"installing olmocr=={OLMOCR_VERSION} failed (see the olmOCR log)"
