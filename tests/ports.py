@@ -42,3 +42,15 @@ def reserved_port() -> Iterator[int]:
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         holder.bind(("127.0.0.1", 0))
         yield holder.getsockname()[1]
+
+
+@contextlib.contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port that refuses connections until the block ends.
+
+    Bound here and never listening: a client gets "connection refused", and no other process can start
+    serving on it meanwhile (a port bound and closed could answer by the time the client connects).
+    """
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        yield holder.getsockname()[1]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import socket
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,6 +12,7 @@ from airflow.sdk import Connection
 from olmocr_tasks.config import DEFAULT_MODEL, ServerSettings
 from olmocr_tasks.errors import ConfigurationError, ServerNotReady
 from olmocr_tasks.provider.hooks import VllmHook, base_url, settings_from_connection
+from tests.ports import refusing_port
 from tests.standin.server import StandinServer
 
 
@@ -182,13 +183,13 @@ def test_wrong_model_is_reported_clearly(monkeypatch: pytest.MonkeyPatch, standi
     assert "someone/else" in message
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    with refusing_port() as port:
+        yield port
 
 
-def test_unreachable_server_times_out_as_server_not_ready(monkeypatch: pytest.MonkeyPatch) -> None:
-    _use_connection(monkeypatch, f"http://127.0.0.1:{_closed_port()}/v1", readiness_timeout_s=0.5)
+def test_unreachable_server_times_out_as_server_not_ready(monkeypatch: pytest.MonkeyPatch, closed_port: int) -> None:
+    _use_connection(monkeypatch, f"http://127.0.0.1:{closed_port}/v1", readiness_timeout_s=0.5)
     with pytest.raises(ServerNotReady, match="not ready after"):
         VllmHook().check_ready()

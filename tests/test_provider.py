@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,6 +39,7 @@ from olmocr_tasks.runs import SourceDocument
 from olmocr_tasks.storage import ObjectInfo, Storage
 from tests.airflow_env import REPO_ROOT, aws_connection, base_env
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
+from tests.ports import refusing_port
 from tests.standin.server import StandinServer
 from tests.task_context import RunTasks, context
 
@@ -338,10 +339,10 @@ def test_params_form() -> None:
     assert {"output_uri", "reprocess", "max_document_error_rate"} <= set(events)
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    with refusing_port() as port:
+        yield port
 
 
 def test_check_server_fails_fast_on_the_wrong_model(monkeypatch: pytest.MonkeyPatch, standin: StandinServer) -> None:
@@ -355,8 +356,10 @@ def test_check_server_fails_fast_on_the_wrong_model(monkeypatch: pytest.MonkeyPa
     assert standin.model in check.execute({})
 
 
-def test_check_server_defers_to_the_trigger_while_the_server_is_down(monkeypatch: pytest.MonkeyPatch) -> None:
-    value = {"conn_type": "olmocr_vllm", "host": f"http://127.0.0.1:{_closed_port()}/v1"}
+def test_check_server_defers_to_the_trigger_while_the_server_is_down(
+    monkeypatch: pytest.MonkeyPatch, closed_port: int
+) -> None:
+    value = {"conn_type": "olmocr_vllm", "host": f"http://127.0.0.1:{closed_port}/v1"}
     monkeypatch.setenv("AIRFLOW_CONN_OLMOCR_VLLM", json.dumps(value))
     monkeypatch.setenv("OLMOCR_SERVER_READY_TIMEOUT", "600")
     check = CheckVllmServerOperator(task_id="check_server")
