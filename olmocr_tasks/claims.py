@@ -8,25 +8,24 @@ the primitive output-owner records use)::
     _state/<conv>/claims/<source-id>/<fingerprint>.claim.after-<token>       took over the claim <token>
 
 A claim record names its run, plan, batch and attempt, a random token and an expiry. Its holder
-renews it while converting and deletes it once the outcome is recorded (one create and one delete per
-document; no listing). A claim that is not renewed expires: its holder died (SIGKILL, a lost worker)
-or froze. Another run then **takes it over by creating the successor key** named after the expired
-claim's token, again create-if-absent, so of two runs taking over one expired claim exactly one wins,
-on both backends, with no moment where the claim is absent and no compare-and-swap needed. The
-current claim is the end of the chain (a key whose successor does not exist); chains grow only by
-take-overs, and whoever releases deletes the whole chain, oldest first.
+renews it while converting and deletes it once the outcome is recorded: one create and one delete
+per document, no listing (plus the small reads of the fence below). A claim that is not renewed
+expires: its holder died (SIGKILL, a lost worker) or froze. Another run then **takes it over by
+creating the successor key** named after the expired claim's token, again create-if-absent, so of two
+runs taking over one expired claim exactly one wins, on both backends, with no moment where the claim
+is absent and no compare-and-swap needed. The current claim is the end of the chain (a key whose
+successor does not exist).
 
-**Fencing.** A holder trusts its claim without asking storage for as long as its own renewal is
-fresh (``LEASE_SHARE`` of the expiry, from before the write started: nobody may take over before the
-expiry). Once that has lapsed (the process was frozen, storage refused the renewals), it trusts
-nothing it cannot read: before writing outputs or recording an outcome it reads its own key (still its
-token?) and checks that no successor exists. A late writer whose claim was taken over therefore
-never records over the newer holder. A holder that lost its claim deletes nothing.
+**Fencing.** A claim is lost exactly when its successor exists. Before writing outputs or recording
+an outcome a holder reads that key (it normally does not exist: one small read), so a late writer
+whose claim was taken over never records over the newer holder. Successors are never deleted while
+they fence someone: a holder that took over releases by deleting its predecessors and leaving its
+own key behind, expired. A holder that lost its claim deletes nothing.
 
-**Same run, later attempt.** A claim held by an earlier attempt of the same batch of the same plan is
-taken over at once: Airflow (or a CLI rerun with the same run id) starts a later attempt only once
-the earlier one is over or declared dead, and attempt fencing already ignores what the earlier one
-reports.
+**Same run, later attempt.** A claim held by an earlier attempt of the same batch, or by another
+plan of the same run, is taken over at once: Airflow (or a CLI rerun with the same run id) starts a
+later attempt only once the earlier one is over or declared dead, a cleared run plans afresh, and
+attempt and plan fencing already ignore what those report.
 
 **Cool-down.** A run with a retry interval leaves a failed document's claim behind as a cool-down
 (expired, with ``retry_from``: the earliest run time that may try it again) instead of deleting it,
@@ -40,7 +39,6 @@ import hashlib
 import json
 import logging
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -54,9 +52,6 @@ from olmocr_tasks.uri import join_uri
 log = logging.getLogger(__name__)
 
 CLAIMS_DIR = "claims"
-# A holder trusts its own claim without reading it back for this share of the expiry after each
-# write started: the rest is the margin for clocks of other hosts running slightly ahead.
-LEASE_SHARE = 0.75
 # Renewals per expiry: a holder renews every expiry / RENEWALS_PER_EXPIRY seconds.
 RENEWALS_PER_EXPIRY = 4
 # Steps of a chain walk before giving up (each step is a take-over: a chain this long is pathological).
@@ -144,7 +139,6 @@ class ClaimBook:
         *,
         respect_cool_downs: bool = True,
         clock: Callable[[], datetime] = _now,
-        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if expiry_s <= 0:
             raise ValueError(f"a claim expiry must be positive, not {expiry_s!r}")
@@ -154,7 +148,6 @@ class ClaimBook:
         self.respect_cool_downs = respect_cool_downs
         self._folder = join_uri(state_uri, CLAIMS_DIR)
         self._clock = clock
-        self._monotonic = monotonic
 
     @property
     def renew_every_s(self) -> float:
@@ -175,10 +168,9 @@ class ClaimBook:
         blocker: ClaimRecord | None = None
         for _ in range(_MAX_STEPS):
             token = secrets.token_hex(8)
-            started = self._monotonic()
             record = self._record(token)
             if self.storage.create_exclusive(key, record.to_bytes()):
-                return Claim(self, [*chain, key], record, started)
+                return Claim(self, [*chain, key], record)
             raw = self.storage.read_bytes_or_none(key)
             if raw is None:
                 # Released between our create and our read: start again from the first claim.
@@ -198,17 +190,21 @@ class ClaimBook:
         log.warning("claim chain of %s longer than %d: treating it as held", info.uri, _MAX_STEPS)
         return Blocked(blocker, cooling_down=False)
 
-    def _record(self, token: str, retry_from: datetime | None = None) -> ClaimRecord:
+    def _record(self, token: str, retry_from: datetime | None = None, *, expired: bool = False) -> ClaimRecord:
         holder = self.holder
-        expires = self._clock() if retry_from else self._clock() + timedelta(seconds=self.expiry_s)
+        now = self._clock()
+        expires = now if retry_from or expired else now + timedelta(seconds=self.expiry_s)
         return ClaimRecord(token, holder.run_id, holder.plan, holder.batch, holder.attempt, expires, retry_from)
 
     def _may_take_over(self, record: ClaimRecord) -> bool:
         holder = self.holder
-        same_batch = (record.run_id, record.plan, record.batch) == (holder.run_id, holder.plan, holder.batch)
-        if same_batch and record.attempt < holder.attempt:
-            # An earlier attempt of this very batch: over, or declared dead, once a later one runs.
-            return True
+        if record.run_id == holder.run_id:
+            # An earlier attempt of this very batch is over, or declared dead, once a later one runs;
+            # another plan of this run is an earlier planning (a cleared run plans afresh), fenced anyway.
+            if record.plan != holder.plan:
+                return True
+            if record.batch == holder.batch and record.attempt < holder.attempt:
+                return True
         if record.retry_from is not None:
             return not self.respect_cool_downs or holder.run_time >= record.retry_from
         return self._clock() >= record.expires_at
@@ -217,14 +213,11 @@ class ClaimBook:
 class Claim:
     """A held claim: renew it while converting, check it before recording, release it after."""
 
-    def __init__(self, book: ClaimBook, chain: list[str], record: ClaimRecord, written_at: float) -> None:
+    def __init__(self, book: ClaimBook, chain: list[str], record: ClaimRecord) -> None:
         self._book = book
-        # From the first claim to ours: released oldest first, so a chain is never cut above its root.
+        # From the first claim to ours: predecessors are released oldest first.
         self._chain = chain
         self.record = record
-        self._trusted_until = written_at + book.expiry_s * LEASE_SHARE
-        # Once our own lease lapsed we read storage for every check from then on (see the module doc).
-        self._lapsed = False
         self._released = False
         self.lost_to: ClaimRecord | None = None
 
@@ -232,21 +225,19 @@ class Claim:
     def uri(self) -> str:
         return self._chain[-1]
 
+    @property
+    def _successor_uri(self) -> str:
+        return _successor(self._chain[0], self.record.token)
+
     def still_held(self) -> bool:
-        """Whether this claim is still ours: from our own lease while fresh, else read back from storage."""
+        """Whether this claim is still ours: nobody created its successor (one small read).
+
+        Read every time rather than trusted from our own renewals: Airflow's retry of the same batch
+        takes over at once, while the attempt it replaces may only be frozen and about to resume.
+        """
         if self.lost_to is not None or self._released:
             return False
-        if not self._lapsed and self._book._monotonic() < self._trusted_until:
-            return True
-        self._lapsed = True
-        storage = self._book.storage
-        raw = storage.read_bytes_or_none(self.uri)
-        current = ClaimRecord.from_bytes(raw) if raw is not None else None
-        if current is None or current.token != self.record.token:
-            self.lost_to = current or ClaimRecord("", "unknown", "", "", 0, self._book._clock())
-            return False
-        successor = _successor(self._chain[0], self.record.token)
-        raw = storage.read_bytes_or_none(successor)
+        raw = self._book.storage.read_bytes_or_none(self._successor_uri)
         if raw is not None:
             self.lost_to = ClaimRecord.from_bytes(raw)
             return False
@@ -257,34 +248,43 @@ class Claim:
         if not self.still_held():
             return False
         book = self._book
-        started = book._monotonic()
         record = book._record(self.record.token)
         try:
             book.storage.write_bytes_atomic(self.uri, record.to_bytes(), content_type="application/json")
         except StorageError as exc:
-            # The lease runs out on its own; checks then read storage.
+            # Not fatal: a later renewal may get through before the claim expires.
             log.warning("could not renew the claim %s: %s", self.uri, exc)
             return True
         self.record = record
-        if not self._lapsed:
-            self._trusted_until = started + book.expiry_s * LEASE_SHARE
         return True
 
     def release(self, retry_from: datetime | None = None) -> None:
         """Give the version back once its outcome is recorded (``retry_from``: leave a cool-down).
 
         A claim that was taken over is left alone: the chain belongs to the run that holds it now.
+        Predecessors are deleted oldest first; a claim that took over stays behind, expired, because
+        its existence is what fences the holder it replaced. The first claim of a chain is deleted.
         """
         if not self.still_held():
             return
         storage = self._book.storage
+        own = storage.read_bytes_or_none(self.uri)
+        if own is None or ClaimRecord.from_bytes(own).token != self.record.token:
+            # Not ours any more although nobody took it over (removed by hand): nothing to give back.
+            self._released = True
+            return
         if retry_from is not None:
-            # Predecessors stay (expired), so the chain still leads here; whoever takes over deletes it all.
+            # Predecessors stay, so the chain still leads here until the cool-down is taken over.
             record = self._book._record(self.record.token, retry_from)
             storage.write_bytes_atomic(self.uri, record.to_bytes(), content_type="application/json")
         else:
-            for uri in self._chain:
+            for uri in self._chain[:-1]:
                 storage.delete(uri)
+            if len(self._chain) == 1:
+                storage.delete(self.uri)
+            else:
+                expired = self._book._record(self.record.token, expired=True)
+                storage.write_bytes_atomic(self.uri, expired.to_bytes(), content_type="application/json")
         self._released = True
 
 

@@ -237,8 +237,6 @@ class ConversionEngine:
         else:
             entry.skip_reason = SKIP_CLAIMED
         log.info("%s: %s by run %s, left for later", source.uri, entry.skip_reason, record.run_id)
-        if self._progress:
-            self._progress.document_done(entry)
         return entry
 
     async def _keep_claimed(self, source: SourceDocument, claim: Claim) -> None:
@@ -314,7 +312,6 @@ class ConversionEngine:
                     claim.cancel()
                 self._content_in_progress.pop(entry.sha256, None)
             entry.status = "converted"
-            await self._check_claim(held)
             await self._remember_done(source, entry)
             await self._discard_saved_pages(entry.sha256)
         except DocumentError as exc:

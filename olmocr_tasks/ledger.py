@@ -20,8 +20,10 @@ readable::
   runs writing at once never overwrite each other's count, and a retried task of the same run
   overwrites its own marker instead of counting twice. ``done`` always wins over failures.
 
-Every write is a whole-object atomic PUT or rename of a uniquely named object; concurrent runs may
-duplicate work but never corrupt state.
+Every write is a whole-object atomic PUT or rename of a uniquely named object, so concurrent runs
+never corrupt state; claims (``olmocr_tasks.claims``, under ``_state/<conv>/claims/``) keep them from
+converting one version at the same time. A failure marker also records its run's ``run_time`` (its
+time on the schedule), from which re-drive spaces the next attempt.
 """
 
 from __future__ import annotations

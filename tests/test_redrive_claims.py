@@ -254,4 +254,8 @@ def test_a_run_killed_mid_document_leaves_claims_a_later_run_takes_over_after_ex
     manifest = json.loads((tmp_path / "out" / "manifests" / "later.json").read_text())
     assert {doc["status"] for doc in manifest["documents"]} == {"converted"}
     assert len(manifest["documents"]) == 3
-    assert not list((tmp_path / "out").rglob("*.claim*")), "taken-over claims are released with the outcome"
+    assert not list((tmp_path / "out").rglob("*.claim")), "the killed run's claims are released with the outcomes"
+    # What stays are the take-overs, expired: each fences the killed run, should it ever come back.
+    left = [json.loads(path.read_text()) for path in (tmp_path / "out").rglob("*.claim.after-*")]
+    assert {record["run_id"] for record in left} == {"later"}
+    assert all(datetime.fromisoformat(record["expires_at"]) <= datetime.now(UTC) for record in left)
