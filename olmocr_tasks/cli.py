@@ -28,7 +28,7 @@ from olmocr_tasks.cpu_engine import (
     create_cpu_engine,
 )
 from olmocr_tasks.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
-from olmocr_tasks.manifest import Manifest
+from olmocr_tasks.manifest import SKIP_CLAIMED, SKIP_RETRY_LATER, Manifest
 from olmocr_tasks.redaction import environment_secrets, install_log_redaction, redact_text
 from olmocr_tasks.vllm_launcher import VllmOptions, VllmSupervisor
 
@@ -300,7 +300,12 @@ def _print_summary(manifest: Manifest, uri: str) -> None:
     )
     for doc in manifest.documents:
         if doc.status == "failed":
-            print(f"  failed: {doc.source}: {doc.error_class}: {doc.error}")
+            again = " (re-driven)" if doc.redriven else ""
+            print(f"  failed{again}: {doc.source}: {doc.error_class}: {doc.error}")
+        elif doc.skip_reason == SKIP_CLAIMED:
+            print(f"  left for later: {doc.source}: claimed by run {doc.claimed_by}")
+        elif doc.skip_reason == SKIP_RETRY_LATER:
+            print(f"  left for later: {doc.source}: failed recently, tried again from {doc.retry_from}")
     print(f"manifest: {uri}")
 
 
