@@ -41,6 +41,9 @@ COUNT_KEYS = (
     "redriven_failed",
     "claimed",
     "retry_later",
+    # What the error budget judged: the run's own documents, not re-driven nor left for later.
+    "judged",
+    "judged_failed",
 )
 METRIC_KEYS = (
     "elapsed_s",
