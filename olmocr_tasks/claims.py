@@ -39,6 +39,7 @@ import hashlib
 import json
 import logging
 import secrets
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -220,6 +221,9 @@ class Claim:
         self.record = record
         self._released = False
         self.lost_to: ClaimRecord | None = None
+        # Renewals run in a worker thread while the document converts: one must never write the claim
+        # back after the release removed it.
+        self._writing = threading.Lock()
 
     @property
     def uri(self) -> str:
@@ -245,6 +249,10 @@ class Claim:
 
     def renew(self) -> bool:
         """Push the expiry out again; False when the claim was lost (nothing is written then)."""
+        with self._writing:
+            return self._renew()
+
+    def _renew(self) -> bool:
         if not self.still_held():
             return False
         book = self._book
@@ -265,6 +273,10 @@ class Claim:
         Predecessors are deleted oldest first; a claim that took over stays behind, expired, because
         its existence is what fences the holder it replaced. The first claim of a chain is deleted.
         """
+        with self._writing:
+            self._release(retry_from)
+
+    def _release(self, retry_from: datetime | None) -> None:
         if not self.still_held():
             return
         storage = self._book.storage
