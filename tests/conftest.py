@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ pytest_plugins = [
 # Tiers whose tests share one package-scoped deployment: they must all run in one process, in order.
 # A new such tier adds its marker here and to SOLO_TIERS in the Makefile.
 ONE_PROCESS_TIERS = ("deployment",)
+DEPLOYMENT_DIR = Path(__file__).resolve().parent / "deployment"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,6 +43,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``xdist_group`` mark into the node id, which pytest 9 no longer takes), so ``make test`` runs each
     one-process tier as a pytest process of its own and the rest with ``--exclude-tiers``.
     """
+    for item in items:
+        # A test file added under tests/deployment/ without its pytestmark still belongs to the tier.
+        if DEPLOYMENT_DIR in item.path.parents and not item.get_closest_marker("deployment"):
+            item.add_marker(pytest.mark.deployment)
     tier, excluded = _tier_options(config)
     if tier is not None or excluded:
         keep = [item for item in items if _in_part(item, tier, excluded)]
