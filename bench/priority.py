@@ -1,0 +1,160 @@
+"""Priority classes through the deployment: a one-page REST ``documents`` run beside a saturating
+low-priority run (issue 21's targets: within 1.5x its time on the idle deployment; the big run loses
+at most 5 % of its throughput).
+
+    .venv/bin/python -m bench.priority [--quick]
+
+The deployment is the one the deployment tests run (``tests/deployment/harness.py``: api-server,
+scheduler, dag-processor, triggerer, two Celery workers) with the defaults a user gets, except what the
+scenario names: the ``olmocr_vllm`` pool at 2 slots and ``OLMOCR_CONVERT_SLOTS=2``; the stand-in at
+8 concurrent x 0.5 s (16 pages/s) with ``--scheduling-policy priority`` and the connection saying so;
+the cluster policy of ``plugins/airflow_local_settings.py`` loaded as any deployment of this plugins
+folder loads it. Runs, one after the other, on local folders:
+
+1. the one-page run alone (idle deployment);
+2. the big run alone: the 1,002-page corpus (226 with ``--quick``), ``scope=all`` (class low);
+3. the big run again, with the one-page run triggered once both pool slots are busy and the server has
+   a queue (classes as chosen: high for the one-page run);
+4. as 3, with the one-page run's ``priority_class`` forced to low: classes switched off.
+
+A run's time is its DAG run's start to end in Airflow; the big run's throughput is its pages over that.
+Run it under ``flock /tmp/olmocr-bench.lock``. Prints a markdown table, writes
+``bench/results/priority-<UTC>/results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.common import BACKPRESSURE, MODEL, RESULTS_DIR, fresh_dir, standin
+from bench.corpus import Corpus, mixed_corpus
+
+DAG_ID = "olmocr_ingest"
+POOL_SLOTS = 2
+
+
+def _seconds(run: dict[str, Any]) -> float:
+    return (datetime.fromisoformat(run["end_date"]) - datetime.fromisoformat(run["start_date"])).total_seconds()
+
+
+def _trigger(api: Any, conf: dict[str, Any]) -> str:
+    response = api.trigger(DAG_ID, conf)
+    response.raise_for_status()
+    return str(response.json()["dag_run_id"])
+
+
+def _finished(api: Any, run_id: str) -> dict[str, Any]:
+    run = api.wait_for_run(DAG_ID, run_id, timeout=1800)
+    if run["state"] != "success":
+        raise RuntimeError(f"run {run_id} ended {run['state']}")
+    return dict(run)
+
+
+def _urgent_conf(work: Path, name: str, priority_class: str) -> dict[str, Any]:
+    from tests.pdfgen import text_pdf
+
+    folder = fresh_dir(work / f"urgent-{name}")
+    pdf = folder / f"{name}.pdf"
+    pdf.write_bytes(text_pdf(1, 7, body_lines=30))
+    return {
+        "input_uri": str(folder),
+        "output_uri": str(work / f"urgent-{name}-out"),
+        "documents": [str(pdf)],
+        "priority_class": priority_class,
+    }
+
+
+def _big_conf(corpus: Corpus, work: Path, name: str) -> dict[str, Any]:
+    return {"input_uri": str(corpus.folder), "output_uri": str(fresh_dir(work / f"big-{name}-out")), "scope": "all"}
+
+
+def _converts(api: Any, run_id: str) -> list[dict[str, Any]]:
+    return [ti for ti in api.task_instances(DAG_ID, run_id) if ti["task_id"] == "convert"]
+
+
+def _wait_saturated(api: Any, server: Any, run_id: str) -> None:
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        running = [ti for ti in _converts(api, run_id) if ti["state"] == "running"]
+        if len(running) == POOL_SLOTS and server.stats()["waiting"] > 0:
+            return
+        time.sleep(0.5)
+    raise TimeoutError("the big run never held both slots with a server queue")
+
+
+def beside_big_run(api: Any, server: Any, corpus: Corpus, work: Path, name: str, urgent_class: str) -> dict[str, Any]:
+    big_id = _trigger(api, _big_conf(corpus, work, name))
+    _wait_saturated(api, server, big_id)
+    urgent = _finished(api, _trigger(api, _urgent_conf(work, name, urgent_class)))
+    big = _finished(api, big_id)
+    return {"urgent_s": round(_seconds(urgent), 2), "big_s": round(_seconds(big), 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the 226-page corpus instead of 1,002 pages")
+    args = parser.parse_args(argv)
+
+    from tests.airflow_env import vllm_connection
+    from tests.deployment.harness import ADMIN_USER, AirflowApi, AirflowCluster, ClusterSettings
+
+    corpus = mixed_corpus(quick=args.quick)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    work = fresh_dir(RESULTS_DIR / f"priority-{stamp}")
+    results: dict[str, Any] = {"regime": BACKPRESSURE.description, "pages": corpus.pages, "pool_slots": POOL_SLOTS}
+    with standin(BACKPRESSURE, scheduling_policy="priority") as server:
+        env = {
+            "AIRFLOW_CONN_OLMOCR_VLLM": vllm_connection(server.url, MODEL, scheduling_policy="priority"),
+            "OLMOCR_CONVERT_SLOTS": str(POOL_SLOTS),
+            "OLMOCR_ALLOWED_INPUTS": "*",
+            "OLMOCR_ALLOWED_OUTPUTS": "*",
+            "OLMOCR_INPUT_URI": str(fresh_dir(work / "scheduled-input")),
+            "OLMOCR_OUTPUT_URI": str(work / "scheduled-output"),
+        }
+        cluster = AirflowCluster(ClusterSettings(work_dir=work / "cluster", pool_slots=POOL_SLOTS, env=env))
+        try:
+            cluster.start()
+            api = AirflowApi(cluster.api_url, ADMIN_USER, cluster.admin_password)
+            api.wait_for_dag(DAG_ID)
+            api.set_paused(DAG_ID, False)
+            results["idle_urgent_s"] = round(
+                _seconds(_finished(api, _trigger(api, _urgent_conf(work, "idle", "auto")))), 2
+            )
+            results["big_alone_s"] = round(_seconds(_finished(api, _trigger(api, _big_conf(corpus, work, "alone")))), 2)
+            results["classes_on"] = beside_big_run(api, server, corpus, work, "on", "auto")
+            results["classes_off"] = beside_big_run(api, server, corpus, work, "off", "low")
+            api.close()
+        finally:
+            cluster.stop()
+    (work / "results.json").write_text(json.dumps(results, indent=1))
+    idle, alone = results["idle_urgent_s"], results["big_alone_s"]
+    lines = [
+        f"Priority classes, deployment (pool {POOL_SLOTS} slots, OLMOCR_CONVERT_SLOTS={POOL_SLOTS}), "
+        f"stand-in {BACKPRESSURE.description}, scheduling_policy priority; big run {corpus.pages} pages, class low",
+        "",
+        "| one-page REST documents run | its run s | ÷ idle (target <= 1.5) | big run s | big run throughput "
+        "÷ alone (target >= 0.95) |",
+        "|---|---|---|---|---|",
+        f"| alone, idle deployment | {idle} | 1.00 | | |",
+        f"| (big run alone) | | | {alone} | 1.000 |",
+    ]
+    for label, key in (("class high (auto), beside the big run", "classes_on"), ("class low (off)", "classes_off")):
+        row = results[key]
+        lines.append(
+            f"| {label} | {row['urgent_s']} | {row['urgent_s'] / idle:.2f} | {row['big_s']} | "
+            f"{alone / row['big_s']:.3f} |"
+        )
+    print("\n".join(lines))
+    (work / "results.md").write_text("\n".join(lines) + "\n")
+    on = results["classes_on"]
+    return 0 if on["urgent_s"] <= 1.5 * idle and alone / on["big_s"] >= 0.95 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+"""Airflow's local settings for deployments that use this plugins folder: the olmOCR cluster policy.
+
+Airflow imports ``airflow_local_settings`` from ``$AIRFLOW_HOME/config`` or, failing that, from the
+plugins folder. This one places convert instances by their run's priority class
+(``olmocr_tasks.provider.policy``): high-priority runs are queued first for a slot of the vLLM pool.
+A deployment with its own ``airflow_local_settings.py`` (which wins) adds the same import to it.
+"""
+
+from olmocr_tasks.provider.policy import task_instance_mutation_hook
+
+__all__ = ["task_instance_mutation_hook"]
