@@ -4,7 +4,8 @@
 # (uid 50000, group 0), dumb-init, curl (health checks), AIRFLOW_HOME and a virtualenv for Airflow.
 set -eu
 
-if command -v airflow >/dev/null 2>&1; then
+# The official image's /entrypoint (root's PATH may not reach its airflow command).
+if [ -x /entrypoint ] || command -v airflow >/dev/null 2>&1; then
     echo "prepare-airflow-base: the base image has Airflow; nothing to add"
     exit 0
 fi

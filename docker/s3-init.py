@@ -27,7 +27,7 @@ print(f"s3-init: bucket {bucket} ready")
 # Samples are a convenience: failing to upload them must not block Airflow's workers.
 examples = Path("/examples")
 try:
-    for path in sorted(examples.rglob("*.pdf")):
+    for path in sorted(path for path in examples.rglob("*") if path.suffix.lower() == ".pdf"):
         s3.upload_file(str(path), bucket, f"input/{path.relative_to(examples).as_posix()}")
         print(f"s3-init: uploaded input/{path.relative_to(examples).as_posix()}")
 except (OSError, ClientError) as error:

@@ -41,6 +41,13 @@ pytestmark = [pytest.mark.compose, pytest.mark.browser, pytest.mark.timeout(3600
 
 DAG = "olmocr_ingest"
 ONE_SHOT = {"airflow-init", "s3-init"}
+# Services running the images docker/Dockerfile builds (the others are the tier's stand-ins).
+OUR_IMAGES = {
+    "airflow-init",
+    "s3-init",
+    "cpu-engine",
+    *(f"airflow-{c}" for c in ("apiserver", "scheduler", "dag-processor", "triggerer", "worker")),
+}
 LONG_RUNNING = {
     "postgres",
     "redis",
@@ -120,6 +127,11 @@ def test_every_service_is_up_on_the_host_network_and_binds_loopback_only(stack: 
         assert containers[name]["State"]["Health"]["Status"] == "healthy", name
     for name, container in containers.items():
         assert container["HostConfig"]["NetworkMode"] == "host", name
+    # Our images run as their own unprivileged users, every process of them.
+    for name in OUR_IMAGES & LONG_RUNNING:
+        root = psutil.Process(containers[name]["State"]["Pid"])
+        uids = {process.uids().real for process in [root, *root.children(recursive=True)]}
+        assert 0 not in uids, f"{name} runs a process as root"
     listening = set()
     for name in LONG_RUNNING:
         root = psutil.Process(containers[name]["State"]["Pid"])
@@ -152,7 +164,8 @@ def test_rest_triggered_run_converts_the_uploaded_pdfs(run: dict[str, Any], buck
         assert all(line in markdown for line in lines), (source, markdown)
         assert [markdown.index(line) for line in lines] == sorted(markdown.index(line) for line in lines)
     # s3-init created the bucket and uploaded the repository's sample PDFs.
-    assert {"input/annual-report.pdf", "input/rotated-memo.pdf"} <= set(bucket.keys("input/"))
+    samples = {"input/annual-report.pdf", "input/rotated-memo.pdf", "input/nested/Price List.PDF"}
+    assert samples <= set(bucket.keys("input/"))
 
 
 def test_ui_login_and_the_ocr_runs_page(stack: Stack, run: dict[str, Any], tmp_path: Path) -> None:
