@@ -5,7 +5,7 @@
 * ``fast``: the stand-in at 8 concurrent x 0.5 s (16 pages/s), the 1,002-page corpus (226 with
   ``--quick``): a fault-free pass, then 1 % and 5 % of requests accepted and never answered; targets
   one pass <= 1.3x and <= 1.6x the fault-free one.
-* ``gpu``: a GPU-like stand-in, 64 concurrent x 20-40 s (uniform jitter, ~2.1 pages/s), the 607-page
+* ``gpu``: a GPU-like stand-in, 64 concurrent x 20-40 s (uniform jitter, ~2.1 pages/s), the 600-page
   corpus (about five minutes a pass), and a client window of 96 so that a queue stands at the server
   (the adaptive window keeps 16-32 requests waiting): hedging off, hedging on, and 1 % hung with
   hedging on. Targets: with nothing hung, hedged requests <= 1 % of pages and throughput within 2 % of
