@@ -2,19 +2,30 @@
 
 Starting it costs one to three minutes on a loaded 2-core machine, so it is started once; it is
 package-scoped, so it stops as soon as the last test here has run instead of idling through the
-rest of the suite. Each test uses its own S3 prefixes (or, for scheduled runs, the DAGs'
-environment prefixes) and reads what the runs published.
+rest of the suite. Each test uses its own S3 prefix (``prefix``; for scheduled runs a folder of its
+own under the DAGs' environment input, asserting only about its own PDFs there) and reads what the
+runs published. Whatever a test changes on the shared deployment (the stand-in's behaviour, a killed
+worker, a DAG it unpaused) is put back by a fixture, so any test passes alone or after any other's
+failure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.deployment.corpus import Bucket
 from tests.deployment.harness import Deployment
 from tests.deployment.harness import deployment as start_deployment
+from tests.test_plugin_browser import CHROMIUM, CHROMIUM_ARGS
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
 
 
 @pytest.fixture(scope="package")
@@ -36,3 +47,75 @@ def ingest_unpaused(deployment: Deployment) -> None:
     look at the DAGs' default input, which no other test writes to.
     """
     deployment.api.set_paused("olmocr_ingest", False)
+
+
+@pytest.fixture(autouse=True)
+def shared_deployment_restored(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The stand-in in its starting configuration and every worker up, before and after each test.
+
+    Before: whatever an earlier test left (its teardown may itself have failed) does not reach this
+    one. After: a failed test leaves no fault, outage, rotated key, latency or dead worker behind. A
+    fixture, not a ``finally``: it runs even when the test failed before reaching its ``try``.
+    Tests that need no deployment do not start one for this.
+    """
+    if "deployment" not in request.fixturenames:
+        yield
+        return
+    running: Deployment = request.getfixturevalue("deployment")
+    _restore(running)
+    yield
+    _restore(running)
+
+
+def _restore(running: Deployment) -> None:
+    # reset: the configuration the stand-in started with (key, latency, no faults), no outage.
+    running.standin.reset()
+    for name in running.cluster.worker_names():
+        if not running.cluster.processes[name].alive:
+            running.cluster.start_worker(name)
+
+
+@pytest.fixture
+def prefix(request: pytest.FixtureRequest) -> str:
+    """An S3 key prefix no other test (nor another run of this one) writes to: ``<test>-<random>/``."""
+    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower()).strip("-")[:40]
+    return f"{name}-{uuid.uuid4().hex[:6]}/"
+
+
+@pytest.fixture
+def scheduled_prefix(deployment: Deployment, prefix: str) -> str:
+    """A folder of this test's own under the DAGs' default input (the key prefix, no ``s3://``).
+
+    Scheduled runs and backfills without Params list ``OLMOCR_INPUT_URI`` as a whole, so they also
+    list (and re-drive) other tests' PDFs there; tests assert exactly about the PDFs under this folder.
+    """
+    return deployment.input_uri.removeprefix(f"s3://{deployment.bucket}/") + prefix
+
+
+@pytest.fixture
+def unpause(deployment: Deployment) -> Iterator[Callable[[str], None]]:
+    """Unpause a DAG for this test; paused again afterwards, however the test ended."""
+    unpaused: list[str] = []
+
+    def unpause_dag(dag_id: str) -> None:
+        unpaused.append(dag_id)
+        deployment.api.set_paused(dag_id, False)
+
+    yield unpause_dag
+    for dag_id in unpaused:
+        deployment.api.set_paused(dag_id, True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Headless system Chromium (Debian's package), driven by Playwright."""
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM or not Path(CHROMIUM).exists():
+        pytest.fail("Chromium not found: install the Debian package 'chromium' (make test does)")
+    with sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield instance
+        finally:
+            instance.close()

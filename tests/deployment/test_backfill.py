@@ -10,6 +10,7 @@ again, as the README says.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,7 +21,7 @@ from tests.deployment.corpus import (
     Bucket,
     assert_outputs_name_their_pages,
     converted,
-    documents,
+    sources,
     split_s3,
     statuses,
 )
@@ -67,7 +68,7 @@ class Backfilled:
 def backfilled(deployment: Deployment, bucket: Bucket, ingest_unpaused: None) -> Backfilled:
     """Three intervals three hours before this session (no scheduled run touched them), backfilled twice."""
     start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=3)
-    prefix = f"backfill-{start:%H%M}/"
+    prefix = f"backfill-{start:%H%M}-{uuid.uuid4().hex[:6]}/"
     output_uri = bucket.uri(prefix + "output/")
     expected: list[dict[str, int]] = [{}, {}, {}]
     doc_ids: dict[str, int] = {}
@@ -108,10 +109,14 @@ def test_backfill_runs_convert_only_their_own_intervals_and_a_second_backfill_no
     for run, manifest, wanted in zip(runs, backfilled.manifests, backfilled.expected, strict=True):
         assert run["state"] == "success", run
         assert manifest is not None, f"{run['dag_run_id']} published no manifest"
-        assert converted(manifest) == set(wanted), (run["dag_run_id"], run["data_interval_start"], statuses(manifest))
-        assert set(documents(manifest)) == set(wanted)
+        assert converted(manifest) == sorted(wanted), (
+            run["dag_run_id"],
+            run["data_interval_start"],
+            statuses(manifest),
+        )
+        assert sources(manifest) == sorted(wanted), "each of the interval's PDFs listed exactly once"
         assert_outputs_name_their_pages(bucket, manifest, backfilled.doc_ids)
-    assert not any(uri in documents(manifest) for manifest in backfilled.manifests for uri in backfilled.outside)
+    assert not any(uri in sources(manifest) for manifest in backfilled.manifests for uri in backfilled.outside)
 
     again = backfilled.again
     assert len(again) == 3
@@ -119,7 +124,7 @@ def test_backfill_runs_convert_only_their_own_intervals_and_a_second_backfill_no
         assert run["state"] == "success", run
         manifest = bucket.manifest(backfilled.output_uri, DAG, run["dag_run_id"])
         assert manifest is not None
-        assert converted(manifest) == set(), (run["dag_run_id"], statuses(manifest))
+        assert converted(manifest) == [], (run["dag_run_id"], statuses(manifest))
         assert manifest["counts"]["already_converted"] + manifest["counts"]["skipped"] == len(wanted)
     assert _markdown_stamps(bucket, backfilled.manifests) == backfilled.stamps, "a second backfill rewrote outputs"
 
@@ -145,5 +150,6 @@ def test_backfill_with_the_reprocess_param_converts_every_interval_again(
     for run, wanted in zip(forced, backfilled.expected, strict=True):
         manifest = bucket.manifest(backfilled.output_uri, DAG, run["dag_run_id"])
         assert manifest is not None
-        assert converted(manifest) == set(wanted), (run["dag_run_id"], run["conf"], statuses(manifest))
+        assert converted(manifest) == sorted(wanted), (run["dag_run_id"], run["conf"], statuses(manifest))
+        assert sources(manifest) == sorted(wanted), "each of the interval's PDFs listed exactly once"
         assert run["state"] == "success", run

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.corpus import Bucket, converted, documents
+from tests.deployment.corpus import Bucket, converted, sources
 from tests.deployment.harness import Deployment, wait_until
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]
@@ -25,32 +25,31 @@ def _check_server(deployment: Deployment, run_id: str) -> dict[str, Any] | None:
 
 
 def test_check_server_waits_deferred_while_vllm_is_down_and_resumes_when_it_is_up(
-    deployment: Deployment, bucket: Bucket, ingest_unpaused: None
+    deployment: Deployment, bucket: Bucket, ingest_unpaused: None, prefix: str
 ) -> None:
-    wanted = bucket.put_pdf("deferral/input/late-server.pdf", pages=2, doc_id=231)
-    output = bucket.uri("deferral/output/")
-    conf = {"input_uri": bucket.uri("deferral/input/"), "output_uri": output, "documents": [wanted]}
+    wanted = bucket.put_pdf(f"{prefix}input/late-server.pdf", pages=2, doc_id=231)
+    output = bucket.uri(f"{prefix}output/")
+    conf = {"input_uri": bucket.uri(f"{prefix}input/"), "output_uri": output, "documents": [wanted]}
 
+    # Refusing until resumed; should the test fail before that, the shared_deployment_restored fixture
+    # ends the outage.
     deployment.standin.refuse_for(None)
-    try:
-        response = deployment.api.trigger(DAG, conf)
-        assert response.status_code == 200, response.text
-        run_id = response.json()["dag_run_id"]
+    response = deployment.api.trigger(DAG, conf)
+    assert response.status_code == 200, response.text
+    run_id = response.json()["dag_run_id"]
 
-        def deferred() -> dict[str, Any] | None:
-            ti = _check_server(deployment, run_id)
-            return ti if ti is not None and ti["state"] == "deferred" else None
+    def deferred() -> dict[str, Any] | None:
+        ti = _check_server(deployment, run_id)
+        return ti if ti is not None and ti["state"] == "deferred" else None
 
-        waiting = wait_until(deferred, 600, 2, what="check_server deferred")
-        # Handed to the triggerer: its trigger is VllmReadyTrigger, and nothing downstream has started.
-        assert waiting["trigger"]["classpath"] == "olmocr_tasks.provider.triggers.VllmReadyTrigger"
-        assert waiting["try_number"] == 1
-        states = {ti["task_id"]: ti["state"] for ti in deployment.api.task_instances(DAG, run_id)}
-        assert states.get("plan") in (None, "scheduled", "none")
-        assert deployment.api.dag_run(DAG, run_id)["state"] == "running"
-    finally:
-        # The deployment is shared by the session's other tests: the stand-in always comes back.
-        deployment.standin.resume()
+    waiting = wait_until(deferred, 600, 2, what="check_server deferred")
+    # Handed to the triggerer: its trigger is VllmReadyTrigger, and nothing downstream has started.
+    assert waiting["trigger"]["classpath"] == "olmocr_tasks.provider.triggers.VllmReadyTrigger"
+    assert waiting["try_number"] == 1
+    states = {ti["task_id"]: ti["state"] for ti in deployment.api.task_instances(DAG, run_id)}
+    assert states.get("plan") in (None, "scheduled", "none")
+    assert deployment.api.dag_run(DAG, run_id)["state"] == "running"
+    deployment.standin.resume()
 
     run = deployment.api.wait_for_run(DAG, run_id)
     assert run["state"] == "success"
@@ -59,5 +58,5 @@ def test_check_server_waits_deferred_while_vllm_is_down_and_resumes_when_it_is_u
     assert check["state"] == "success" and check["try_number"] == 1
     manifest = bucket.manifest(output, DAG, run_id)
     assert manifest is not None, "the run published no manifest"
-    assert set(documents(manifest)) == {wanted}
-    assert converted(manifest) == {wanted}
+    assert sources(manifest) == [wanted]
+    assert converted(manifest) == [wanted]

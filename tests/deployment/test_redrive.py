@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.corpus import Bucket, assert_outputs_name_their_pages, converted, documents, statuses
+from tests.deployment.corpus import (
+    Bucket,
+    assert_outputs_name_their_pages,
+    converted,
+    documents,
+    only,
+    sources,
+    statuses,
+)
 from tests.deployment.harness import Deployment, wait_until
 from tests.deployment.schedule import (
     FINISHED,
@@ -32,29 +40,28 @@ pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]
 
 DAG = "olmocr_ingest"
 DOC_ID = 211
-KEY = "scheduled/input/redrive/flaky.pdf"
 # Every request for the document's only page gets an answer that is no olmOCR output.
 FAULT = {f"{DOC_ID}:1": "garbage"}
 
 
 def test_a_later_scheduled_run_redrives_a_failed_document_outside_its_own_window(
-    deployment: Deployment, bucket: Bucket, ingest_unpaused: None
+    deployment: Deployment, bucket: Bucket, ingest_unpaused: None, scheduled_prefix: str
 ) -> None:
-    source = bucket.uri(KEY)
+    key = f"{scheduled_prefix}flaky.pdf"
+    source = bucket.uri(key)
+    # The shared_deployment_restored fixture removes the fault should the test end before it does.
     deployment.standin.configure(always=FAULT)
-    try:
-        finished, uploaded = upload_late(deployment, bucket, KEY, doc_id=DOC_ID)
-        first = run_ending(deployment, next_interval_end(finished))
-        failing = bucket.manifest(deployment.output_uri, DAG, first["dag_run_id"])
-        assert failing is not None, "the scheduled run that listed the document published no manifest"
-        entry = documents(failing).get(source)
-        assert entry is not None, statuses(failing)
-        assert entry["status"] == "failed" and entry["error_class"] and entry["error"], entry
-        assert entry["failed_attempts"] == 1
-        # One failed document of few is over the default error budget: the run fails after publishing.
-        assert first["state"] == "failed"
-    finally:
-        deployment.standin.configure(always={key: None for key in FAULT})
+    finished, uploaded = upload_late(deployment, bucket, key, doc_id=DOC_ID)
+    first = run_ending(deployment, next_interval_end(finished))
+    failing = bucket.manifest(deployment.output_uri, DAG, first["dag_run_id"])
+    assert failing is not None, "the scheduled run that listed the document published no manifest"
+    assert sources(only(failing, bucket.uri(scheduled_prefix))) == [source], statuses(failing)
+    entry = documents(failing)[source]
+    assert entry["status"] == "failed" and entry["error_class"] and entry["error"], entry
+    assert entry["failed_attempts"] == 1
+    # One failed document of few is over the default error budget: the run fails after publishing.
+    assert first["state"] == "failed"
+    deployment.standin.configure(always={page: None for page in FAULT})
     healed = now()
     first_end = interval(first)[1]
 
@@ -67,7 +74,7 @@ def test_a_later_scheduled_run_redrives_a_failed_document_outside_its_own_window
             manifest = bucket.manifest(deployment.output_uri, DAG, run["dag_run_id"])
             assert manifest is not None, f"scheduled run {run['dag_run_id']} published no manifest"
             seen.append((run, manifest))
-            if source in converted(manifest):
+            if converted(only(manifest, source)) == [source]:
                 return seen
         return None
 

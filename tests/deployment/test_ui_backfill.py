@@ -11,41 +11,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
-from tests.deployment.corpus import Bucket, converted, statuses
-from tests.deployment.harness import ADMIN_USER, Deployment, wait_until
-from tests.test_plugin_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.deployment.browser import log_in
+from tests.deployment.corpus import Bucket, converted, only, statuses
+from tests.deployment.harness import Deployment, wait_until
 
 pytestmark = [pytest.mark.deployment, pytest.mark.browser, pytest.mark.timeout(1500)]
 
 DAG = "olmocr_ingest"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM or not Path(CHROMIUM).exists():
-        pytest.fail("Chromium not found: install the Debian package 'chromium' (make test does)")
-    with sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield instance
-        finally:
-            instance.close()
-
-
-def _log_in(page: Page, deployment: Deployment) -> None:
-    page.goto(f"{deployment.cluster.api_url}/auth/login?next=%2Fdags%2F{DAG}")
-    page.fill("input[name=username]", ADMIN_USER)
-    page.fill("input[name=password]", deployment.cluster.admin_password)
-    page.locator("button[type=submit]").click()
-    page.wait_for_url(lambda url: "/auth/login" not in url, timeout=120_000)
 
 
 def _backfill_through_dialog(
@@ -88,39 +67,48 @@ def _wait_for_backfill(deployment: Deployment, start: datetime, end: datetime) -
     return runs
 
 
-def _converted_by(bucket: Bucket, output_uri: str, runs: list[dict[str, Any]]) -> tuple[set[str], dict[str, Any]]:
-    found: set[str] = set()
+def _converted_by(
+    bucket: Bucket, output_uri: str, runs: list[dict[str, Any]], own: str
+) -> tuple[list[str], dict[str, Any]]:
+    """What the runs converted under ``own`` (this test's prefix), repeats kept, and every status for messages."""
+    found: list[str] = []
     seen: dict[str, Any] = {}
     for run in runs:
         manifest = bucket.manifest(output_uri, DAG, run["dag_run_id"])
         if manifest is not None:
-            found |= converted(manifest)
+            found += converted(only(manifest, own))
             seen[run["dag_run_id"]] = statuses(manifest)
-    return found, seen
+    return sorted(found), seen
 
 
 @pytest.mark.parametrize("override", [False, True], ids=["override-unticked", "override-ticked"])
 def test_ui_backfill_dialog_uses_typed_params_only_when_override_is_ticked(
-    deployment: Deployment, bucket: Bucket, ingest_unpaused: None, browser: Browser, override: bool
+    deployment: Deployment,
+    bucket: Bucket,
+    ingest_unpaused: None,
+    browser: Browser,
+    override: bool,
+    prefix: str,
+    scheduled_prefix: str,
 ) -> None:
     # One interval hours before the session, another for each case: "Missing Runs" skips dates
     # that have runs. From and To are the same date: one run.
     start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=5 if override else 6)
     end = start
-    tag = f"ui-{start:%H%M}"
+    # The default input is the DAGs' (shared): this test's PDF there lies in a folder of its own.
     default_pdf = bucket.put_pdf(
-        f"scheduled/input/{tag}-default.pdf", doc_id=210 + override, last_modified=start + 30 * timedelta(seconds=1)
+        f"{scheduled_prefix}default.pdf", doc_id=210 + override, last_modified=start + 30 * timedelta(seconds=1)
     )
-    typed_input, typed_output = bucket.uri(f"{tag}/input/"), bucket.uri(f"{tag}/output/")
+    typed_input, typed_output = bucket.uri(f"{prefix}input/"), bucket.uri(f"{prefix}output/")
     typed_pdf = bucket.put_pdf(
-        f"{tag}/input/typed.pdf", doc_id=220 + override, last_modified=start + 40 * timedelta(seconds=1)
+        f"{prefix}input/typed.pdf", doc_id=220 + override, last_modified=start + 40 * timedelta(seconds=1)
     )
 
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(60_000)
     try:
-        _log_in(page, deployment)
+        log_in(page, deployment, f"/dags/{DAG}")
         body = _backfill_through_dialog(
             page, start, end, typed_input, typed_output, override, deployment.cluster.work_dir
         )
@@ -128,15 +116,16 @@ def test_ui_backfill_dialog_uses_typed_params_only_when_override_is_ticked(
         context.close()
     runs = _wait_for_backfill(deployment, start, end)
 
-    from_default, default_seen = _converted_by(bucket, deployment.output_uri, runs)
-    from_typed, typed_seen = _converted_by(bucket, typed_output, runs)
+    # The default input's runs may also re-drive other tests' failed PDFs there: only this test's count.
+    from_default, default_seen = _converted_by(bucket, deployment.output_uri, runs, bucket.uri(scheduled_prefix))
+    from_typed, typed_seen = _converted_by(bucket, typed_output, runs, typed_input)
     if override:
         assert body["dag_run_conf"]["input_uri"] == typed_input
-        assert from_typed == {typed_pdf}, typed_seen
-        assert default_pdf not in from_default, default_seen
+        assert from_typed == [typed_pdf], typed_seen
+        assert from_default == [], default_seen
     else:
         assert body["dag_run_conf"] is None, "the dialog sent Params without the override ticked"
         assert all(run["conf"] in ({}, None) for run in runs)
-        assert from_default == {default_pdf}, default_seen
-        assert from_typed == set(), typed_seen
+        assert from_default == [default_pdf], default_seen
+        assert from_typed == [], typed_seen
     assert {run["state"] for run in runs} == {"success"}

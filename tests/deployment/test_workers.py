@@ -11,12 +11,11 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-import uuid
 from typing import Any
 
 import pytest
 
-from tests.deployment.corpus import Bucket, assert_outputs_name_their_pages, converted, documents
+from tests.deployment.corpus import Bucket, assert_outputs_name_their_pages, converted, documents, sources, statuses
 from tests.deployment.harness import POOL, Deployment, signal_each, wait_until
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]
@@ -34,9 +33,8 @@ def _put_documents(bucket: Bucket, prefix: str, count: int, pages: int, first_id
 
 
 def test_convert_instances_run_on_both_workers_and_never_beyond_the_pool(
-    deployment: Deployment, bucket: Bucket, ingest_unpaused: None
+    deployment: Deployment, bucket: Bucket, ingest_unpaused: None, prefix: str
 ) -> None:
-    prefix = f"workers-{uuid.uuid4().hex[:6]}/"
     doc_ids = _put_documents(bucket, prefix, count=8, pages=3, first_id=160)
     output = bucket.uri(prefix + "output/")
     conf = {"input_uri": bucket.uri(prefix + "input/"), "output_uri": output, "max_concurrent_requests": 1}
@@ -61,7 +59,8 @@ def test_convert_instances_run_on_both_workers_and_never_beyond_the_pool(
     assert most > 1, "the sampling never saw instances overlap: it proves nothing about the pool"
     assert hosts, "no running instance was ever sampled"
     manifest = bucket.manifest(output, DAG, run_id)
-    assert manifest is not None and converted(manifest) == set(doc_ids)
+    assert manifest is not None
+    assert sources(manifest) == converted(manifest) == sorted(doc_ids), statuses(manifest)
     assert_outputs_name_their_pages(bucket, manifest, doc_ids)
 
 
@@ -112,31 +111,32 @@ def _attempt_midway(deployment: Deployment, bucket: Bucket, prefix: str, run_id:
 def _assert_every_page_counted_once(bucket: Bucket, output: str, run_id: str, doc_ids: dict[str, int]) -> None:
     manifest = bucket.manifest(output, DAG, run_id)
     assert manifest is not None, "the run published no manifest"
+    assert sources(manifest) == sorted(doc_ids), "each document listed exactly once"
+    assert converted(manifest) == sorted(doc_ids), statuses(manifest)
     docs = documents(manifest)
-    assert set(docs) == set(doc_ids)
-    assert converted(manifest) == set(doc_ids), {uri: doc["status"] for uri, doc in docs.items()}
     assert all(doc["pages"] == 2 and doc["output_tokens"] > 0 and doc["outputs"] for doc in docs.values())
     assert manifest["counts"]["pages"] == 2 * len(doc_ids)
     assert manifest["counts"]["output_tokens"] == sum(doc["output_tokens"] for doc in docs.values())
     assert_outputs_name_their_pages(bucket, manifest, doc_ids)
 
 
-def test_a_killed_worker_loses_no_page(deployment: Deployment, bucket: Bucket, ingest_unpaused: None) -> None:
+def test_a_killed_worker_loses_no_page(
+    deployment: Deployment, bucket: Bucket, ingest_unpaused: None, prefix: str
+) -> None:
     """SIGKILL the worker (its whole process group) midway through a batch: retried on the other worker.
 
     The killed attempt has already finished some of its batch's documents; the run's manifest must
     still count every page of every document exactly once, with the tokens and outputs of those.
     """
-    prefix = f"worker-loss-{uuid.uuid4().hex[:6]}/"
     with deployment.slow_server(latency_s=1.5):
         run_id, doc_ids, output = _packed_run(deployment, bucket, prefix, first_id=180)
         victim = _attempt_midway(deployment, bucket, prefix, run_id)
         killed = victim["hostname"]
         deployment.cluster.kill(killed)
-    try:
-        run = deployment.api.wait_for_run(DAG, run_id, timeout=900)
-    finally:
-        deployment.cluster.start_worker(killed)
+    run = deployment.api.wait_for_run(DAG, run_id, timeout=900)
+    # Back to two workers for the tests after this one (the shared_deployment_restored fixture would
+    # otherwise, after the test).
+    deployment.cluster.start_worker(killed)
 
     assert run["state"] == "success"
     tries = deployment.api.task_tries(DAG, run_id, "convert", victim["map_index"])
@@ -165,7 +165,7 @@ def _published(bucket: Bucket, output: str, run_id: str) -> tuple[dict[str, Any]
 
 
 def test_a_stale_attempt_that_comes_back_changes_nothing_its_retry_did(
-    deployment: Deployment, bucket: Bucket, ingest_unpaused: None
+    deployment: Deployment, bucket: Bucket, ingest_unpaused: None, prefix: str
 ) -> None:
     """A convert attempt stops answering (its supervisor and task process SIGSTOPped) midway through its
     batch: Airflow times out its heartbeat and retries it. While the retry runs, the stale attempt
@@ -173,7 +173,6 @@ def test_a_stale_attempt_that_comes_back_changes_nothing_its_retry_did(
     stays in its own try. The manifest counts every page once, and publishing again (the publish task
     cleared) once the stale attempt is gone gives the same manifest: nothing of it got in.
     """
-    prefix = f"stale-attempt-{uuid.uuid4().hex[:6]}/"
     with deployment.slow_server(latency_s=1.5):
         run_id, doc_ids, output = _packed_run(deployment, bucket, prefix, first_id=190)
         victim = _attempt_midway(deployment, bucket, prefix, run_id)
