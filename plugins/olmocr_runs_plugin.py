@@ -11,11 +11,21 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends
 from olmocr_runs import create_app
 
+from olmocr_tasks.provider.hooks import storage_for
+from olmocr_tasks.storage import Storage
+
 URL_PREFIX = "/olmocr"
+
+
+def _storage(output_uri: str) -> Storage:
+    # The manifests are read as the tasks wrote them: S3 through the aws_default connection (its
+    # endpoint_url extra for MinIO and the like), not only the api-server's own AWS environment.
+    return storage_for([output_uri])
+
 
 # The api-server does not guard plugin apps; run data (sources, error text) is for signed-in users
 # only. The UI's session cookie is sent along when the pages are opened from the navigation.
-app = create_app(dependencies=[Depends(requires_authenticated())])
+app = create_app(dependencies=[Depends(requires_authenticated())], storage_for=_storage)
 
 
 class OlmocrRunsPlugin(AirflowPlugin):

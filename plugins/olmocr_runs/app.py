@@ -16,7 +16,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from olmocr_tasks.access import AccessPolicy, LocationNotAllowedError
 from olmocr_tasks.errors import StorageError, UnreadableSourceError
 from olmocr_tasks.redaction import redact_url
+from olmocr_tasks.storage import Storage
 
 from . import charts
 from .runs import (
@@ -113,8 +114,9 @@ def _airflow_variable() -> str | None:
 class _Location:
     """Resolves the output URI and keeps one store (with its summary cache) per URI."""
 
-    def __init__(self, explicit: str | None) -> None:
+    def __init__(self, explicit: str | None, storage_for: Callable[[str], Storage] | None = None) -> None:
         self._explicit = explicit
+        self._storage_for = storage_for
         self._lock = threading.Lock()
         self._variable: tuple[float, str | None] = (-math.inf, None)
         self._store: ManifestStore | None = None
@@ -136,7 +138,8 @@ class _Location:
             return None
         with self._lock:
             if self._store is None or self._store.output_uri != uri:
-                self._store = ManifestStore(uri)
+                storage = self._storage_for(uri) if self._storage_for is not None else None
+                self._store = ManifestStore(uri, storage)
             return self._store
 
 
@@ -237,13 +240,16 @@ def create_app(
     *,
     airflow_ui_base: str | None = None,
     dependencies: Sequence[Any] | None = None,
+    storage_for: Callable[[str], Storage] | None = None,
 ) -> FastAPI:
     """Build the app. ``output_uri`` overrides the environment and the Airflow Variable.
 
     ``airflow_ui_base`` is the Airflow UI root for task-log links; by default the parent of the
     path the app is mounted at (so ``/olmocr`` links to ``/dags/...``). ``dependencies`` run before
     every route: the plugin passes Airflow's authentication check there, because apps mounted by
-    plugins are not protected by the api-server otherwise.
+    plugins are not protected by the api-server otherwise. ``storage_for`` gives the ``Storage`` that
+    reads an output URI (the plugin's reads S3 through the ``aws_default`` connection, as the tasks
+    do); by default the environment's AWS settings.
     """
     app = FastAPI(
         dependencies=list(dependencies or []),
@@ -253,7 +259,7 @@ def create_app(
         redoc_url=None,
         openapi_url="/api/openapi.json",
     )
-    location = _Location(output_uri)
+    location = _Location(output_uri, storage_for)
     app.state.location = location
 
     @app.exception_handler(StarletteHTTPException)
