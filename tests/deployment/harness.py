@@ -797,10 +797,13 @@ def deployment(moto_url: str, *, pool_slots: int = 3, workers: int = 2) -> Itera
     queue_url = boto3.client("sqs", **clients).create_queue(QueueName=f"{bucket}-events")["QueueUrl"]
     # The server wants a key, as a real deployment's would: the connection carries it, and rotating
     # it on the stand-in mid-run is how a revoked key looks to the tasks.
-    standin = start_standin_process(latency_s=0.05, api_key=secrets.token_urlsafe(24))
+    # vLLM run with --scheduling-policy priority, as the connection says: runs' classes reach its queue.
+    standin = start_standin_process(latency_s=0.05, api_key=secrets.token_urlsafe(24), scheduling_policy="priority")
     empty = work_dir / "no-aws-config"
     env = {
-        "AIRFLOW_CONN_OLMOCR_VLLM": vllm_connection(standin.url, standin.model, standin_api_key(standin)),
+        "AIRFLOW_CONN_OLMOCR_VLLM": vllm_connection(
+            standin.url, standin.model, standin_api_key(standin), scheduling_policy="priority"
+        ),
         "AIRFLOW_CONN_AWS_DEFAULT": aws_connection(moto_url, DUMMY_KEY, DUMMY_SECRET, REGION),
         # Keep any real AWS configuration of the machine out of the deployment.
         "AWS_CONFIG_FILE": str(empty),

@@ -1,0 +1,108 @@
+"""Priority classes through the deployment: a REST ``documents`` run is not stuck behind a saturating
+low-priority run, neither for a slot of the vLLM pool (the cluster policy in ``plugins/``) nor in the
+server's queue (the connection's ``scheduling_policy`` is ``priority``, as the stand-in runs).
+
+Scaled down from the bench's scenario (``bench/priority.py``: ~1,000 pages) so the tier stays lean: a
+low-priority run of 400 pages in 20 convert instances that keeps the server (8 x 0.5 s) and both pool
+slots busy for longer than a one-page run takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from olmocr_tasks.batching import DEFAULT_BYTES_PER_PAGE
+from olmocr_tasks.priority import AIRFLOW_WEIGHT, HIGH, LOW, VLLM_PRIORITY
+from tests.deployment.corpus import Bucket, converted
+from tests.deployment.harness import POOL, Deployment, wait_until
+
+pytestmark = [pytest.mark.deployment, pytest.mark.timeout(900)]
+
+DAG = "olmocr_ingest"
+# The shape of the issue's scenario: 8 concurrent x 0.5 s = 16 pages/s, a pool of two slots.
+SERVER = {"capacity": 8, "latency_s": 0.5}
+POOL_SLOTS = 2
+BIG_DOCUMENTS, BIG_PAGES = 20, 20
+
+
+@pytest.fixture
+def two_slot_pool(deployment: Deployment) -> Iterator[None]:
+    """The vLLM pool at two slots for this test, put back afterwards however the test ended."""
+    path = f"/api/v2/pools/{POOL}"
+    pool = deployment.api.ok("GET", path)
+    body = {key: pool[key] for key in ("name", "slots", "description", "include_deferred")}
+    deployment.api.ok("PATCH", path, json=body | {"slots": POOL_SLOTS}, params={"update_mask": "slots"})
+    yield
+    deployment.api.ok("PATCH", path, json=body, params={"update_mask": "slots"})
+
+
+def _seconds(run: dict[str, Any]) -> float:
+    return (datetime.fromisoformat(run["end_date"]) - datetime.fromisoformat(run["start_date"])).total_seconds()
+
+
+def _converts(deployment: Deployment, run_id: str) -> list[dict[str, Any]]:
+    return [ti for ti in deployment.api.task_instances(DAG, run_id) if ti["task_id"] == "convert"]
+
+
+def _one_page_run(deployment: Deployment, bucket: Bucket, prefix: str, name: str, doc_id: int) -> dict[str, Any]:
+    source = bucket.put_pdf(f"{prefix}urgent/{name}.pdf", pages=1, doc_id=doc_id)
+    output = bucket.uri(f"{prefix}out/")
+    conf = {"input_uri": bucket.uri(f"{prefix}urgent/"), "output_uri": output, "documents": [source]}
+    response = deployment.api.trigger(DAG, conf)
+    assert response.status_code == 200, response.text
+    run = deployment.api.wait_for_run(DAG, response.json()["dag_run_id"], timeout=300)
+    assert run["state"] == "success"
+    manifest = bucket.manifest(conf["output_uri"], DAG, run["dag_run_id"])
+    assert manifest is not None and converted(manifest) == [source]
+    return run
+
+
+def test_documents_run_overtakes_a_saturating_low_priority_run(
+    deployment: Deployment, bucket: Bucket, ingest_unpaused: None, prefix: str, two_slot_pool: None
+) -> None:
+    deployment.standin.configure(**SERVER)
+    idle = _one_page_run(deployment, bucket, prefix, "idle", doc_id=201)
+
+    for index in range(BIG_DOCUMENTS):
+        # Sized like BIG_PAGES pages (plan estimates pages from sizes): one short instance per document.
+        bucket.put_pdf(
+            f"{prefix}big/doc{index:02d}.pdf",
+            pages=BIG_PAGES,
+            doc_id=210 + index,
+            min_bytes=BIG_PAGES * DEFAULT_BYTES_PER_PAGE,
+        )
+    big_conf = {
+        "input_uri": bucket.uri(f"{prefix}big/"),
+        "output_uri": bucket.uri(f"{prefix}big-out/"),
+        "scope": "all",  # a run over everything: the low class
+        "batch_pages": BIG_PAGES,  # one document per instance: many short instances queue for two slots
+    }
+    response = deployment.api.trigger(DAG, big_conf)
+    assert response.status_code == 200, response.text
+    big_id = response.json()["dag_run_id"]
+
+    def saturated() -> bool:
+        running = [ti for ti in _converts(deployment, big_id) if ti["state"] == "running"]
+        return len(running) == POOL_SLOTS and deployment.standin.stats()["waiting"] > 0
+
+    wait_until(saturated, 240, interval=1.0, what="the low-priority run holding both slots and a server queue")
+    loaded = _one_page_run(deployment, bucket, prefix, "loaded", doc_id=202)
+    big = deployment.api.wait_for_run(DAG, big_id, timeout=600)
+
+    assert big["state"] == "success"
+    assert converted(bucket.manifest(big_conf["output_uri"], DAG, big_id) or {"documents": []}) != []
+    # Within 1.5x of its time on the idle deployment, and while the big run still had work queued.
+    assert _seconds(loaded) <= 1.5 * _seconds(idle), (_seconds(loaded), _seconds(idle))
+    (urgent,) = _converts(deployment, loaded["dag_run_id"])
+    big_converts = _converts(deployment, big_id)
+    assert any(ti["start_date"] > urgent["end_date"] for ti in big_converts), "the big run had nothing left queued"
+    # How: the cluster policy weighed the instances by class for the pool ...
+    assert urgent["priority_weight"] == AIRFLOW_WEIGHT[HIGH]
+    assert {ti["priority_weight"] for ti in big_converts} == {AIRFLOW_WEIGHT[LOW]}
+    # ... and every page request carried its run's class to the server's queue.
+    priorities = {record["priority"] for record in deployment.standin.requests()}
+    assert {VLLM_PRIORITY[HIGH], VLLM_PRIORITY[LOW]} <= priorities
