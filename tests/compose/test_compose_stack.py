@@ -147,6 +147,22 @@ def test_every_service_is_up_on_the_host_network_and_binds_loopback_only(stack: 
     assert ports <= {port for _, _, port in listening}, "a service does not listen on the port its variable names"
 
 
+def test_services_talk_only_to_the_stacks_own_ports(stack: Stack, run: dict[str, Any]) -> None:
+    """A misspelled port variable falls back to its default (5432, 6379, ...), where the host's own
+    PostgreSQL or Redis may answer: every connection our containers hold must be to or from a port the
+    tier gave the stack. Checked after a run, with the database, broker and store connections open."""
+    ports = {int(port) for key, port in stack.variables.items() if key.endswith("_PORT")}
+    containers = {c["Config"]["Labels"]["com.docker.compose.service"]: c for c in stack.containers()}
+    foreign = set()
+    for name in OUR_IMAGES & LONG_RUNNING:
+        root = psutil.Process(containers[name]["State"]["Pid"])
+        for process in [root, *root.children(recursive=True)]:
+            for connection in process.net_connections(kind="inet"):
+                if connection.raddr and connection.laddr.port not in ports and connection.raddr.port not in ports:
+                    foreign.add((name, f"{connection.raddr.ip}:{connection.raddr.port}"))
+    assert not foreign, f"connections to ports the stack was not given: {sorted(foreign)}"
+
+
 def test_rest_triggered_run_converts_the_uploaded_pdfs(run: dict[str, Any], bucket: Bucket) -> None:
     manifest, wanted = run["manifest"], run["wanted"]
 
