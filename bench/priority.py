@@ -38,6 +38,7 @@ from bench.corpus import Corpus, mixed_corpus
 
 DAG_ID = "olmocr_ingest"
 POOL_SLOTS = 2
+HIGH_POOL = "olmocr_vllm_high"
 
 
 def _seconds(run: dict[str, Any]) -> float:
@@ -100,6 +101,13 @@ def beside_big_run(api: Any, server: Any, corpus: Corpus, work: Path, name: str,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="the 226-page corpus instead of 1,002 pages")
+    parser.add_argument(
+        "--reserved-pool",
+        type=int,
+        default=0,
+        metavar="SLOTS",
+        help="also give high-priority runs a pool of their own with this many slots (OLMOCR_HIGH_PRIORITY_POOL)",
+    )
     args = parser.parse_args(argv)
 
     from tests.airflow_env import vllm_connection
@@ -118,12 +126,23 @@ def main(argv: list[str] | None = None) -> int:
             "OLMOCR_INPUT_URI": str(fresh_dir(work / "scheduled-input")),
             "OLMOCR_OUTPUT_URI": str(work / "scheduled-output"),
         }
+        if args.reserved_pool:
+            env["OLMOCR_HIGH_PRIORITY_POOL"] = HIGH_POOL
         cluster = AirflowCluster(ClusterSettings(work_dir=work / "cluster", pool_slots=POOL_SLOTS, env=env))
         try:
             cluster.start()
             api = AirflowApi(cluster.api_url, ADMIN_USER, cluster.admin_password)
             api.wait_for_dag(DAG_ID)
             api.set_paused(DAG_ID, False)
+            if args.reserved_pool:
+                pool = {
+                    "name": HIGH_POOL,
+                    "slots": args.reserved_pool,
+                    "description": "high priority",
+                    "include_deferred": False,
+                }
+                api.ok("POST", "/api/v2/pools", json=pool)
+            results["reserved_pool_slots"] = args.reserved_pool
             # A fresh deployment's first runs pay for warming up (workers importing, DAG parsing): not counted.
             _finished(api, _trigger(api, _urgent_conf(work, "warm-up", "auto")))
             idle = [_seconds(_finished(api, _trigger(api, _urgent_conf(work, "idle-1", "auto"))))]
@@ -141,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     idle, alone = results["idle_urgent_s"], results["big_alone_s"]
     lines = [
         f"Priority classes, deployment (pool {POOL_SLOTS} slots, OLMOCR_CONVERT_SLOTS={POOL_SLOTS}), "
-        f"stand-in {BACKPRESSURE.description}, scheduling_policy priority; big run {corpus.pages} pages, class low",
+        f"stand-in {BACKPRESSURE.description}, scheduling_policy priority; big run {corpus.pages} pages, class low; "
+        f"reserved pool for high: {args.reserved_pool or 'none'}",
         "",
         "| one-page REST documents run | its run s | ÷ idle (target <= 1.5) | big run s | big run throughput "
         "÷ alone (target >= 0.95) |",
