@@ -13,6 +13,10 @@ PYTEST_ARGS ?=
 # one process or started its deployment twice (scripts/run-tests.sh). Another such tier (a marker, also
 # listed in tests/conftest.py's ONE_PROCESS_TIERS) is added here.
 SOLO_TIERS := deployment
+# One-process tiers run in the foreground after the rest of the suite (still beside the solo tiers):
+# the compose tier builds images and starts a whole stack, which the rest would otherwise compete with
+# on 2 cores. Also listed in ONE_PROCESS_TIERS.
+LATER_TIERS := compose
 # pytest-xdist processes for the rest of the suite, beside the tiers' one process each: two processes
 # in all on a 2-core machine.
 TEST_WORKERS ?= 1
@@ -25,8 +29,8 @@ demo: prerequisites $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: prerequisites $(STAMP)
-	@scripts/system-packages.sh tesseract-ocr chromium $$(scripts/service-packages.sh)
-	@SOLO_TIERS="$(SOLO_TIERS)" TEST_WORKERS=$(TEST_WORKERS) scripts/run-tests.sh $(PYTEST_ARGS)
+	@scripts/system-packages.sh tesseract-ocr chromium docker.io mmdebstrap $$(scripts/service-packages.sh)
+	@SOLO_TIERS="$(SOLO_TIERS)" LATER_TIERS="$(LATER_TIERS)" TEST_WORKERS=$(TEST_WORKERS) scripts/run-tests.sh $(PYTEST_ARGS)
 
 up: prerequisites $(STAMP)
 	@scripts/system-packages.sh tesseract-ocr

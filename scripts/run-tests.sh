@@ -2,7 +2,8 @@
 # make test's run: each tier named in $SOLO_TIERS (a marker; its tests share one deployment, so they
 # must run in one process and in order) as a pytest process of its own, started first, its output in
 # test-output/tiers/<tier>.log (printed at the end); the rest of the suite at the same time in the
-# foreground, on $TEST_WORKERS pytest-xdist processes. Afterwards tests/tier_record.py checks that each
+# foreground, on $TEST_WORKERS pytest-xdist processes, then each tier named in $LATER_TIERS in the
+# foreground, one pytest process each. Afterwards tests/tier_record.py checks that each
 # tier ran in one process and started its deployment at most once. Arguments go to every pytest
 # process (paths, -k, -p no:randomly ...); a process they select nothing in counts as passed.
 set -u
@@ -25,10 +26,21 @@ done
 # pytest's exit status 5: nothing selected in this process (the arguments chose another part).
 passed() { [ "$1" -eq 0 ] || [ "$1" -eq 5 ]; }
 
-"$python" -m pytest -n "${TEST_WORKERS:-1}" --exclude-tiers "${tiers[*]}" "$@"
+later=(${LATER_TIERS:-})
+"$python" -m pytest -n "${TEST_WORKERS:-1}" --exclude-tiers "${tiers[*]} ${later[*]}" "$@"
 status=$?
 ran_any=$([ $status -ne 5 ] && echo 1 || echo 0)
 passed $status && status=0
+
+# Tiers that would compete with the rest for the cores (image builds, a whole stack) run after it, one
+# pytest process each, in the foreground.
+for tier in "${later[@]}"; do
+  echo "make test: the $tier tier runs now in a pytest process of its own"
+  "$python" -m pytest --tier "$tier" "$@"
+  tier_status=$?
+  [ $tier_status -ne 5 ] && ran_any=1
+  passed $tier_status || status=$tier_status
+done
 
 for index in "${!tiers[@]}"; do
   wait "${pids[$index]}"

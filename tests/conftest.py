@@ -17,8 +17,8 @@ pytest_plugins = [
 ]
 
 # Tiers whose tests share one package-scoped deployment: they must all run in one process, in order.
-# A new such tier adds its marker here and to SOLO_TIERS in the Makefile.
-ONE_PROCESS_TIERS = ("deployment",)
+# A new such tier adds its marker here and to SOLO_TIERS or LATER_TIERS in the Makefile.
+ONE_PROCESS_TIERS = ("deployment", "compose")
 DEPLOYMENT_DIR = Path(__file__).resolve().parent / "deployment"
 
 
