@@ -113,8 +113,11 @@ class ConversionEngine:
         claims: ClaimBook | None = None,
         run_time: datetime | None = None,
         retry_from: datetime | None = None,
+        superseded: Callable[[], bool] | None = None,
     ) -> None:
         self.settings = settings
+        # Whether a later attempt of this batch has started (attempt fencing, checked with the claim).
+        self._superseded = superseded
         # Each document is claimed before converting (``olmocr_tasks.claims``); None: no claims.
         self._claims = claims
         # The run's time on its schedule, recorded with failures; a failed document's claim stays as a
@@ -257,8 +260,16 @@ class ConversionEngine:
                 return
 
     async def _check_claim(self, claim: Claim | None) -> None:
-        """Fence: raise ``_ClaimLost`` when another run took this document over (before writing anything)."""
-        if claim is not None and not await asyncio.to_thread(claim.still_held):
+        """Fence before writing anything: raise ``_ClaimLost`` when this attempt may no longer record.
+
+        Either another run (or a later attempt) took the document's claim over, or a later attempt of
+        this batch has started: it carried forward what this one had finished and converts the rest.
+        """
+        if claim is None:
+            return
+        if self._superseded is not None and await asyncio.to_thread(self._superseded):
+            raise _ClaimLost(self._run_id)
+        if not await asyncio.to_thread(claim.still_held):
             raise _ClaimLost(claim.lost_to.run_id if claim.lost_to else "unknown")
 
     async def _convert_held(self, source: SourceDocument, admission: _Admission, held: Claim | None) -> DocumentEntry:

@@ -287,6 +287,7 @@ async def convert_sources(
     check_ready: bool = True,
     on_document: Callable[[DocumentEntry], Awaitable[None]] | None = None,
     claims: ClaimBook | None = None,
+    superseded: Callable[[], bool] | None = None,
 ) -> ConvertedSources:
     """Convert documents in this process. Raises ``InfrastructureError`` when the work must be retried.
 
@@ -307,6 +308,7 @@ async def convert_sources(
             task_context=task_context,
             on_document=on_document,
             claims=claims,
+            superseded=superseded,
             run_time=request.run_time,
             retry_from=request.run_time + request.retry_interval if request.retry_interval > timedelta(0) else None,
         )
@@ -389,6 +391,7 @@ def convert_batch(
                 on_document=save_entry,
                 progress_stream=progress_stream,
                 claims=claims,
+                superseded=attempt.superseded,
             )
         )
     except ServerMisconfigured as exc:

@@ -38,7 +38,7 @@ from datetime import datetime
 from typing import Any
 
 from olmocr_tasks.gpu_busy import NOTHING_SENT, GpuBusy, total_gpu_busy
-from olmocr_tasks.manifest import DocumentEntry, safe_run_id, utc_now
+from olmocr_tasks.manifest import LEFT_FOR_LATER, DocumentEntry, safe_run_id, utc_now
 from olmocr_tasks.storage import ObjectInfo, Storage
 from olmocr_tasks.uri import join_uri
 
@@ -297,7 +297,8 @@ class BatchAttempt:
 
         From this moment publishing reads this attempt only, so the carried entries are written as
         this attempt's own before anything is converted. Only documents an earlier attempt converted
-        (or found converted) are carried; its failures are tried again. An attempt that is retried
+        (or found converted) are carried; its failures, and what it left for later (another run held
+        the claim), are tried again. An attempt that is retried
         died or was declared dead, and a failure it recorded may come from what stopped it rather
         than from the document: a render time limit that ran out while its machine was frozen, a
         starved worker. A document that really is broken fails again, and quickly.
@@ -307,7 +308,8 @@ class BatchAttempt:
         for number in sorted(n for n in tries if n < self.try_number):
             report = self.folder._read_attempt(tries[number])
             for entry in report.entries:
-                if entry.status == "failed":
+                # Failures and documents left for later (claimed by another run, fenced) are tried again.
+                if entry.status == "failed" or entry.skip_reason in LEFT_FOR_LATER:
                     earlier.pop(entry.source, None)
                 else:
                     earlier[entry.source] = entry
@@ -321,6 +323,16 @@ class BatchAttempt:
         for entry in earlier.values():
             self.write_entry(entry)
         return earlier
+
+    def superseded(self) -> bool:
+        """Whether a later attempt of this batch has started (one small existence check).
+
+        Once it has, it carried forward what this attempt had finished and converts the rest itself:
+        anything this attempt recorded from then on (a frozen attempt that came back) would change
+        what the later one did, so the conversion engine records nothing more (see ``ConversionEngine``).
+        """
+        later = self.folder.attempt(self.batch_key, self.try_number + 1)
+        return self.folder.storage.exists(join_uri(later.uri, STARTED_FILE))
 
     def write_entry(self, entry: DocumentEntry) -> None:
         name = hashlib.sha1(entry.source.encode("utf-8", "surrogatepass")).hexdigest() + ".json"

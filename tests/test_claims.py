@@ -206,5 +206,5 @@ def test_an_uncontended_claim_costs_one_create_one_delete_and_small_reads_on_s3(
     requests = s3_fault_proxy.requests[before:]
     writes = sorted(request.method for request in requests if request.method != "GET")
     assert writes == ["DELETE", "PUT"], requests
-    # Reads: the fence, and the release's own check (successor absent, own token still there).
+    # Reads: the fence (successor absent), then the release's check (successor absent, own token there).
     assert sum(request.method == "GET" for request in requests) == 3, requests

@@ -21,7 +21,7 @@ import pytest
 from olmocr_tasks.claims import Blocked, ClaimBook, ClaimHolder
 from olmocr_tasks.config import ConversionSettings, ServerSettings
 from olmocr_tasks.ledger import Ledger
-from olmocr_tasks.pipeline import RunRequest, build_manifest, plan_run, run_conversion
+from olmocr_tasks.pipeline import SINGLE_BATCH, RunRequest, build_manifest, convert_batch, plan_run, run_conversion
 from olmocr_tasks.storage import Storage
 from tests import pdfgen
 from tests.reliability_checks import assert_manifest_matches_outputs, descendants, kill_and_reap, start_cli
@@ -136,6 +136,26 @@ def test_a_document_claimed_by_a_live_run_is_left_for_later_and_shown_so(
     other.release()
     again, _ = run_conversion(_request(inbox, output, settings=_settings(standin), run_id="again"), storage)
     assert {name: doc["status"] for name, doc in _docs(again.to_dict()).items()} == {"doc81.pdf": "converted"}
+
+
+def test_an_attempt_whose_retry_has_started_records_nothing(tmp_path: Path, standin: StandinServer) -> None:
+    """A frozen attempt that comes back after its retry started: fenced by the retry's start mark."""
+    inbox, output = tmp_path / "inbox", tmp_path / "out"
+    pdfgen.write_pdf(inbox / "doc83.pdf", pdfgen.text_pdf(1, doc_id=83))
+    storage = Storage()
+    request = _request(inbox, output, settings=_settings(standin))
+    plan = plan_run(request, storage)
+    folder = request.run_folder(storage)
+    folder.write_plan(plan)
+    folder.attempt(SINGLE_BATCH, 2).start()  # the retry started while attempt 1 was frozen
+    stale = convert_batch(request, storage, SINGLE_BATCH, plan.sources, folder=folder, try_number=1)
+    (entry,) = stale.entries
+    assert (entry.status, entry.skip_reason, entry.claimed_by) == ("skipped", "claimed", "r")
+    ledger = Ledger(str(output), storage, request.conversion_key)
+    assert ledger.status(plan.sources[0].info) == "new" and not (output / "dolma").exists()
+    # The retry itself converts it.
+    retry = convert_batch(request, storage, SINGLE_BATCH, plan.sources, folder=folder, try_number=2)
+    assert [entry.status for entry in retry.entries] == ["converted"]
 
 
 def _settings(standin: StandinServer) -> ConversionSettings:
