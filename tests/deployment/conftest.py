@@ -11,6 +11,8 @@ failure.
 
 from __future__ import annotations
 
+import os
+import random
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,6 +28,28 @@ from tests.test_plugin_browser import CHROMIUM, CHROMIUM_ARGS
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``OLMOCR_SHUFFLE_SEED=<n>``: the tier's files in a random order, and the tests within each.
+
+    Shows that no deployment test depends on another having run (or passed) before it. Files stay
+    whole, so a module fixture (the backfills) is still set up once.
+    """
+    seed = os.environ.get("OLMOCR_SHUFFLE_SEED")
+    if not seed:
+        return
+    rng = random.Random(int(seed))
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if item.get_closest_marker("deployment"):
+            modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    order = list(modules)
+    rng.shuffle(order)
+    for module in order:
+        rng.shuffle(modules[module])
+    shuffled = [item for module in order for item in modules[module]]
+    items[:] = [item for item in items if not item.get_closest_marker("deployment")] + shuffled
 
 
 @pytest.fixture(scope="package")
