@@ -57,8 +57,13 @@ def wait_until(condition: object, timeout: float, what: str) -> None:
 
 
 def wait_for_claims_to_expire(out: Path) -> None:
-    """Until every claim a killed run left has expired, as the claims themselves state."""
-    expiries = [datetime.fromisoformat(json.loads(path.read_text())["expires_at"]) for path in out.rglob("*.claim*")]
+    """Until every claim a killed run left has expired, as the claims themselves state.
+
+    A kill between a claim's temporary file and its hard link leaves that temporary file (maybe empty)
+    beside the claims: it is no claim (a later run's create ignores it), so it is not read as one.
+    """
+    claims = [path for path in out.rglob("*.claim*") if not path.name.endswith(TEMP_SUFFIX)]
+    expiries = [datetime.fromisoformat(json.loads(path.read_text())["expires_at"]) for path in claims]
     if expiries:
         time.sleep(max(0.0, (max(expiries) - datetime.now(UTC)).total_seconds()) + 0.1)
 
