@@ -45,6 +45,10 @@ def _seconds(run: dict[str, Any]) -> float:
     return (datetime.fromisoformat(run["end_date"]) - datetime.fromisoformat(run["start_date"])).total_seconds()
 
 
+def _at(timestamp: str) -> datetime:
+    return datetime.fromisoformat(timestamp)
+
+
 def _converts(deployment: Deployment, run_id: str) -> list[dict[str, Any]]:
     return [ti for ti in deployment.api.task_instances(DAG, run_id) if ti["task_id"] == "convert"]
 
@@ -67,6 +71,7 @@ def test_documents_run_overtakes_a_saturating_low_priority_run(
 ) -> None:
     deployment.standin.configure(**SERVER)
     idle = _one_page_run(deployment, bucket, prefix, "idle", doc_id=201)
+    idle_seq = max(record["seq"] for record in deployment.standin.requests())
 
     for index in range(BIG_DOCUMENTS):
         # Sized like BIG_PAGES pages (plan estimates pages from sizes): one short instance per document.
@@ -99,14 +104,31 @@ def test_documents_run_overtakes_a_saturating_low_priority_run(
 
     assert big["state"] == "success"
     assert converted(bucket.manifest(big_conf["output_uri"], DAG, big_id) or {"documents": []}) != []
-    # Within 1.5x of its time on the idle deployment, and while the big run still had work queued.
-    assert _seconds(loaded) <= 1.5 * _seconds(idle), (_seconds(loaded), _seconds(idle))
+    # The time against the idle run is the bench's figure (bench/priority.py, on a quiet machine); here,
+    # beside the rest of the suite, it is only reported. What makes it is asserted as event order: the
+    # one-page run overtook the big run at both places it could have waited behind it.
+    print(f"one-page run: {_seconds(loaded):.1f} s beside the big run, {_seconds(idle):.1f} s idle")
     (urgent,) = _converts(deployment, loaded["dag_run_id"])
     big_converts = _converts(deployment, big_id)
-    assert any(ti["start_date"] > urgent["end_date"] for ti in big_converts), "the big run had nothing left queued"
-    # How: the cluster policy weighed the instances by class for the pool ...
+    # 1. For a pool slot: every big-run instance still waiting when the urgent one became ready was
+    #    queued after it (without classes, equal weights go by logical date and the urgent run comes last).
+    ready = _at(urgent["scheduled_when"])
+    overtaken = [ti for ti in big_converts if _at(ti["queued_when"]) > ready]
+    assert overtaken, "the big run had no instance waiting for a slot when the urgent one became ready"
+    assert all(_at(ti["queued_when"]) >= _at(urgent["queued_when"]) for ti in overtaken), [
+        (ti["map_index"], ti["queued_when"]) for ti in overtaken if _at(ti["queued_when"]) < _at(urgent["queued_when"])
+    ]
     assert urgent["priority_weight"] == AIRFLOW_WEIGHT[HIGH]
     assert {ti["priority_weight"] for ti in big_converts} == {AIRFLOW_WEIGHT[LOW]}
-    # ... and every page request carried its run's class to the server's queue.
-    priorities = {record["priority"] for record in deployment.standin.requests()}
-    assert {VLLM_PRIORITY[HIGH], VLLM_PRIORITY[LOW]} <= priorities
+    # 2. Every page request carried its run's class to the server's queue, and the urgent page started
+    #    before any low-priority request already waiting when it arrived (first come, first served would
+    #    start those first). The big run's low class backs its window off while it holds both slots, so
+    #    whether such a queue stands at that moment depends on timing; the pool order above is what
+    #    fails without classes, and the stand-in's priority queue has its own tests (test_standin).
+    records = deployment.standin.requests()
+    assert {VLLM_PRIORITY[HIGH], VLLM_PRIORITY[LOW]} <= {record["priority"] for record in records}
+    low = [r for r in records if r.get("priority") == VLLM_PRIORITY[LOW] and r.get("started") is not None]
+    urgent_pages = [r for r in records if r.get("priority") == VLLM_PRIORITY[HIGH] and r["seq"] > idle_seq]
+    page = min(urgent_pages, key=lambda r: r["seq"])
+    waiting = [r for r in low if r["queued"] < page["queued"] < r["started"]]
+    assert all(page["started"] <= r["started"] for r in waiting), (page, waiting)
