@@ -185,6 +185,9 @@ def test_two_cli_runs_without_a_run_id_keep_both_manifests(tmp_path: Path, stand
     for _ in range(2):
         result = cli("convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, *FAST)
         assert result.returncode == 0, result.stderr
-    manifests = sorted((tmp_path / "out" / "manifests").glob("cli-*.json"))
+    manifests = [json.loads(path.read_text()) for path in (tmp_path / "out" / "manifests").glob("cli-*.json")]
     assert len(manifests) == 2
-    assert [json.loads(path.read_text())["counts"]["converted"] for path in manifests] == [1, 0]
+    # Run ids sort by start time to the second; two runs within one second differ only in their random
+    # suffix, so the order of the runs is read from the manifests themselves.
+    manifests.sort(key=lambda manifest: manifest["started_at"])
+    assert [manifest["counts"]["converted"] for manifest in manifests] == [1, 0]

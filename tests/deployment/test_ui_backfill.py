@@ -40,6 +40,8 @@ def _backfill_through_dialog(
         picker.get_by_placeholder("YYYY/MM/DD").fill(f"{moment:%Y/%m/%d}")
         picker.get_by_placeholder("HH:mm").fill(f"{moment:%H:%M}")
         page.keyboard.press("Escape")
+        # The next field's picker opens only once this one has closed (both match while it fades out).
+        picker.wait_for(state="hidden")
     # The dialog's dry run answers once both dates are set.
     dialog.get_by_text(re.compile(r"\b1 run will be triggered")).wait_for()
     dialog.get_by_text("Input and output").click()
