@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.fixtures.standin",
     "tests.fixtures.s3",
     "tests.fixtures.airflow",
+    "tests.fixtures.browser",
 ]
 
 # Tiers whose tests share one package-scoped deployment: they must all run in one process, in order.

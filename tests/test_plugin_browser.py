@@ -6,8 +6,6 @@ Screenshots go to ``test-output/`` for a human to look at.
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
 import threading
 import time
@@ -17,7 +15,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from tests.ocr_runs import CLEAN_RUN, DEAD_LETTER_RUN, XSS, RealRuns
 from tests.test_plugin_app import copy_output, runs  # noqa: F401 (runs is a fixture)
@@ -27,18 +25,6 @@ from olmocr_runs import create_app  # isort: skip
 
 pytestmark = pytest.mark.browser
 
-# Debian's package puts it on PATH as `chromium`; OLMOCR_TEST_CHROMIUM overrides.
-CHROMIUM = os.environ.get("OLMOCR_TEST_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "test-output"
 
 
@@ -67,21 +53,6 @@ def site(tmp_path_factory: pytest.TempPathFactory, runs: RealRuns) -> Iterator[s
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM or not Path(CHROMIUM).exists():
-        pytest.fail(
-            "Chromium not found: install the Debian package 'chromium' (apt-get install chromium) "
-            "or point OLMOCR_TEST_CHROMIUM at a Chromium binary. Playwright's own browser download is not used."
-        )
-    with sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield instance
-        finally:
-            instance.close()
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from playwright.sync_api import sync_playwright
 
 from tests.compose.stack import (
     BUCKET,
@@ -34,8 +33,8 @@ from tests.compose.stack import (
 )
 from tests.deployment.corpus import Bucket, converted, documents, statuses
 from tests.deployment.harness import AirflowApi, wait_until
+from tests.fixtures.browser import launched_chromium
 from tests.pdfgen import page_line
-from tests.test_plugin_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.compose, pytest.mark.browser, pytest.mark.timeout(3600)]
 
@@ -185,28 +184,22 @@ def test_rest_triggered_run_converts_the_uploaded_pdfs(run: dict[str, Any], buck
 
 
 def test_ui_login_and_the_ocr_runs_page(stack: Stack, run: dict[str, Any], tmp_path: Path) -> None:
-    if not CHROMIUM or not Path(CHROMIUM).exists():
-        pytest.fail("Chromium not found: install the Debian package 'chromium' (make test does)")
     run_id = run["run"]["dag_run_id"]
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page()
-            page.goto(f"{stack.api_url}/auth/login/")
-            page.fill("input[name=username]", "admin")
-            page.fill("input[name=password]", stack.admin_password)
-            page.locator("[type=submit]").first.click()
-            page.wait_for_url(lambda url: "/auth/login" not in url, timeout=120_000)
-            # The plugin's page inside the UI (its nav entry's url_route) and the page itself.
-            page.goto(f"{stack.api_url}/plugin/ocr-runs")
-            frame = page.frame_locator("iframe").first
-            frame.get_by_text(run_id).first.wait_for(timeout=120_000)
-            page.screenshot(path=str(tmp_path / "ocr-runs.png"))
-            response = page.goto(f"{stack.api_url}/olmocr/")
-            assert response is not None and response.status == 200
-            assert run_id in page.content()
-        finally:
-            browser.close()
+    with launched_chromium() as browser:
+        page = browser.new_page()
+        page.goto(f"{stack.api_url}/auth/login/")
+        page.fill("input[name=username]", "admin")
+        page.fill("input[name=password]", stack.admin_password)
+        page.locator("[type=submit]").first.click()
+        page.wait_for_url(lambda url: "/auth/login" not in url, timeout=120_000)
+        # The plugin's page inside the UI (its nav entry's url_route) and the page itself.
+        page.goto(f"{stack.api_url}/plugin/ocr-runs")
+        frame = page.frame_locator("iframe").first
+        frame.get_by_text(run_id).first.wait_for(timeout=120_000)
+        page.screenshot(path=str(tmp_path / "ocr-runs.png"))
+        response = page.goto(f"{stack.api_url}/olmocr/")
+        assert response is not None and response.status == 200
+        assert run_id in page.content()
 
 
 def test_the_api_refuses_a_wrong_password(stack: Stack) -> None:

@@ -16,7 +16,6 @@ import random
 import re
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -24,10 +23,9 @@ import pytest
 from tests.deployment.corpus import Bucket
 from tests.deployment.harness import Deployment
 from tests.deployment.harness import deployment as start_deployment
-from tests.test_plugin_browser import CHROMIUM, CHROMIUM_ARGS
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser
+    pass
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -128,18 +126,3 @@ def unpause(deployment: Deployment) -> Iterator[Callable[[str], None]]:
     yield unpause_dag
     for dag_id in unpaused:
         deployment.api.set_paused(dag_id, True)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    """Headless system Chromium (Debian's package), driven by Playwright."""
-    from playwright.sync_api import sync_playwright
-
-    if not CHROMIUM or not Path(CHROMIUM).exists():
-        pytest.fail("Chromium not found: install the Debian package 'chromium' (make test does)")
-    with sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield instance
-        finally:
-            instance.close()
