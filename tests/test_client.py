@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import pytest
 from aiohttp import web
 
+from olmocr_tasks.backpressure import high_water
 from olmocr_tasks.client import InferenceClient
 from olmocr_tasks.config import PageSettings, ServerSettings
 from olmocr_tasks.errors import AttemptFailed, ConfigurationError, ServerNotReady, ServerUnavailable
@@ -629,8 +630,10 @@ def test_adaptive_window_shrinks_to_keep_the_queue_short(standin_factory: Factor
 
     windows, stats = run(scenario())
     # A window of 16 keeps 14 requests queued on a server that runs 2; the adaptive window settles
-    # where the queue stays between the target (2) and the high-water mark (6).
-    assert windows[-1] <= 8
+    # where the queue stays between the target and the high-water mark. Inside that band it probes
+    # upwards by one request at a time (so clients sharing a server even out), so the settled window is
+    # the server's slots plus the high-water mark plus at most that one probe.
+    assert windows[-1] <= 2 + high_water(2) + 1 < 16
     assert stats.replicas[0].waiting is not None and stats.replicas[0].waiting <= 6
 
 
