@@ -40,7 +40,8 @@ import json
 import logging
 import secrets
 import threading
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -306,3 +307,68 @@ def _successor(root: str, token: str) -> str:
 
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def stale_claims(
+    storage: Storage, claim_objects: Iterable[ObjectInfo], *, now: datetime, cutoff: datetime
+) -> list[ObjectInfo]:
+    """The claim objects among ``claim_objects`` that no run holds and no holder is fenced by any more.
+
+    For retention (``olmocr_tasks.retention``), which lists the state once and passes the objects under
+    ``claims/`` here. What accumulates without it: a claim whose holder died and whose document no
+    run tried again, the expired key a take-over leaves behind when it releases (it fenced the holder
+    it replaced), and cool-downs. Objects are grouped by document version (the first claim's key); one
+    read each, no listing.
+
+    * The **chain** (the first claim and the successors reached from it token by token) is removed
+      whole, or not at all: only when its end, the current claim, is neither live (``expires_at``
+      after ``now``) nor cooling down (``retry_from`` after ``now``), and no object of it changed
+      since ``cutoff``. A live claim is never removed, nor anything leading to it: a run walking the
+      chain from its first claim would otherwise miss the holder and claim the document again.
+    * A key **off the chain** (the first claim was deleted by a release, so nothing leads to it) is
+      removed on its own terms: settled and unchanged since ``cutoff``.
+
+    Returned first claims first: deleting a chain's first claim makes the rest unreachable at once, so
+    a run claiming the document meanwhile starts a fresh chain (new random tokens, new successor
+    names) rather than walking into keys being deleted. ``cutoff`` (the retention period) is what
+    stands between a removed take-over key and the holder it fenced: that holder would have to stay
+    frozen for the whole period and then resume to record an outcome the take-over already recorded.
+    """
+    groups: dict[str, dict[str, ObjectInfo]] = defaultdict(dict)
+    for info in claim_objects:
+        root = _root_of(info.uri)
+        if root is not None:
+            groups[root][info.uri] = info
+    doomed: list[ObjectInfo] = []
+    for root, objects in sorted(groups.items()):
+        records: dict[str, ClaimRecord] = {}
+        for uri in objects:
+            raw = storage.read_bytes_or_none(uri)
+            if raw is not None:  # gone meanwhile (released): nothing to remove
+                records[uri] = ClaimRecord.from_bytes(raw)
+        chain: list[str] = []
+        key = root
+        while key in records and key not in chain:
+            chain.append(key)
+            key = _successor(root, records[key].token)
+        if chain and _settled(records[chain[-1]], now) and all(objects[uri].last_modified < cutoff for uri in chain):
+            doomed += [objects[uri] for uri in chain]
+        doomed += [
+            objects[uri]
+            for uri, record in records.items()
+            if uri not in chain and _settled(record, now) and objects[uri].last_modified < cutoff
+        ]
+    return doomed
+
+
+def _root_of(uri: str) -> str | None:
+    """The first claim's key of a claim object's chain; None for anything that is not a claim."""
+    head, marker, _ = uri.rpartition(".claim.after-")
+    if marker:
+        return f"{head}.claim"
+    return uri if uri.endswith(".claim") else None
+
+
+def _settled(record: ClaimRecord, now: datetime) -> bool:
+    """Neither held (expired) nor cooling down: nothing a run waits for."""
+    return record.expires_at <= now and (record.retry_from is None or record.retry_from <= now)

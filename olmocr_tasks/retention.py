@@ -1,6 +1,6 @@
 """Retention: remove what an output location keeps only while runs and documents are in flight.
 
-Two kinds of object stop serving anything:
+These objects stop serving anything:
 
 * **Run folders** ``_runs/<run>/`` (plans, batches, attempts; see ``olmocr_tasks.runs``) once the
   run's manifest is published: the manifest carries everything a reader needs. A folder is removed
@@ -12,10 +12,15 @@ Two kinds of object stop serving anything:
   so they count nothing any more), and saved pages (``olmocr_tasks.page_store``) of content that has
   been converted (a crash between committing the outputs and discarding the pages leaves them). Only
   objects untouched for ``older_than`` go, so a run that is converting right now loses nothing.
+* **Claims no run holds** (``olmocr_tasks.claims``, under ``_state/<conversion key>/claims/``): the
+  claim a dead run left on a document nobody tried again, the expired key each take-over leaves
+  behind, and cool-downs that have run out; untouched for ``older_than`` too. Which of them may go is
+  decided by ``claims.stale_claims``: never a live claim, nor a key on the way to one.
 
 Never removed: manifests, outputs, ``.done`` markers and content records (the idempotency state),
 failure markers of versions not converted (they count towards dead letters), pages of content not
-converted (a later run resumes from them), and the output owner records.
+converted (a later run resumes from them), the output owner records, and claims a run holds or cools
+down (and the keys leading to them).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from olmocr_tasks.claims import CLAIMS_DIR, stale_claims
 from olmocr_tasks.ledger import CONTENT_DIR, SOURCES_DIR, STATE_DIR
 from olmocr_tasks.manifest import MANIFESTS_DIR
 from olmocr_tasks.page_store import PAGES_DIR
@@ -44,6 +50,7 @@ class RetentionReport:
     kept_runs: dict[str, str] = field(default_factory=dict)
     failure_markers: int = 0
     page_records: int = 0
+    claims: int = 0
     objects: int = 0
     dry_run: bool = False
 
@@ -51,7 +58,8 @@ class RetentionReport:
         verb = "would remove" if self.dry_run else "removed"
         return (
             f"{verb} {len(self.removed_runs)} run folders, {self.failure_markers} failure markers of converted "
-            f"versions and {self.page_records} saved pages of converted documents ({self.objects} objects); "
+            f"versions, {self.page_records} saved pages of converted documents and {self.claims} claims no run "
+            f"holds ({self.objects} objects); "
             f"kept {len(self.kept_runs)} run folders"
         )
 
@@ -67,11 +75,12 @@ def clean_output(
     """Remove finished run folders and obsolete state under ``output_uri`` (see the module docstring)."""
     if older_than < timedelta(0):
         raise ValueError("older_than must not be negative")
-    cutoff = (now or datetime.now(UTC)) - older_than
+    now = now or datetime.now(UTC)
+    cutoff = now - older_than
     report = RetentionReport(dry_run=dry_run)
     doomed: list[ObjectInfo] = []
     doomed += _finished_run_folders(output_uri, storage, cutoff, report)
-    doomed += _obsolete_state(output_uri, storage, cutoff, report)
+    doomed += _obsolete_state(output_uri, storage, now, cutoff, report)
     report.objects = len(doomed)
     if not dry_run:
         for info in doomed:
@@ -114,11 +123,14 @@ def _finished_run_folders(
     return doomed
 
 
-def _obsolete_state(output_uri: str, storage: Storage, cutoff: datetime, report: RetentionReport) -> list[ObjectInfo]:
+def _obsolete_state(
+    output_uri: str, storage: Storage, now: datetime, cutoff: datetime, report: RetentionReport
+) -> list[ObjectInfo]:
     done: set[tuple[str, str, str]] = set()
     converted: set[tuple[str, str]] = set()
     failures: list[tuple[tuple[str, str, str], ObjectInfo]] = []
     pages: list[tuple[tuple[str, str], ObjectInfo]] = []
+    claims: list[ObjectInfo] = []
     for parts, info in _children(join_uri(output_uri, STATE_DIR), storage):
         if len(parts) == 4 and parts[1] == SOURCES_DIR:
             conv, _, source, name = parts
@@ -131,8 +143,13 @@ def _obsolete_state(output_uri: str, storage: Storage, cutoff: datetime, report:
             converted.add((parts[0], parts[2].removesuffix(".json")))
         elif len(parts) == 4 and parts[1] == PAGES_DIR:
             pages.append(((parts[0], parts[2]), info))
+        elif len(parts) == 4 and parts[1] == CLAIMS_DIR:
+            claims.append(info)
     doomed = [info for version, info in failures if version in done and info.last_modified < cutoff]
     report.failure_markers = len(doomed)
     stale_pages = [info for content, info in pages if content in converted and info.last_modified < cutoff]
     report.page_records = len(stale_pages)
-    return doomed + stale_pages
+    # Claims are judged by their own rules (``claims.stale_claims``) and come last, in its order.
+    released = stale_claims(storage, claims, now=now, cutoff=cutoff)
+    report.claims = len(released)
+    return doomed + stale_pages + released

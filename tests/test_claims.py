@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from olmocr_tasks.claims import Blocked, Claim, ClaimBook, ClaimHolder
+from olmocr_tasks.retention import clean_output
 from olmocr_tasks.storage import ObjectInfo, Storage
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
@@ -208,3 +209,53 @@ def test_an_uncontended_claim_costs_one_create_one_delete_and_small_reads_on_s3(
     assert writes == ["DELETE", "PUT"], requests
     # Reads: the fence (successor absent), then the release's check (successor absent, own token there).
     assert sum(request.method == "GET" for request in requests) == 3, requests
+
+
+def test_retention_removes_claims_no_run_holds_and_never_a_live_one(place: tuple[Storage, str]) -> None:
+    """``clean`` removes what dead runs and take-overs leave behind; live and cooling-down claims stay.
+
+    The claims' clock runs a month ahead of the storage's, so retention sees the objects as old
+    (LastModified is the storage's) while the clock decides which claims are live.
+    """
+    storage, state = place
+    output = state.rsplit("/_state/", 1)[0]
+    clocks = Clocks()
+    clocks.wall = datetime.now(UTC) + timedelta(days=30)
+    docs = {name: document(f"s3://in/{name}.pdf") for name in ("dead", "taken", "held", "live", "cool")}
+
+    def claim(run_id: str, name: str) -> Claim | Blocked:
+        return book_for(place, clocks, run_id).acquire(docs[name])
+
+    def left() -> set[str]:
+        return {info.uri for info in storage.list_objects(f"{state}/claims")}
+
+    held(claim("dead", "dead"))  # its holder dies: never renewed, never released
+    frozen = held(claim("frozen", "taken"))  # its holder freezes and is taken over
+    held(claim("stuck", "held"))  # dies too, but is taken over by a run still converting
+    clocks.advance(EXPIRY + 1)
+    taker = held(claim("taker", "taken"))
+    taker.release()  # deletes the first claim, leaves its own key behind: that key fences ``frozen``
+    assert not frozen.still_held()
+    holding = held(claim("holding", "held"))
+    live = held(claim("live", "live"))
+    cooling = held(claim("cooling", "cool"))
+    cooling.release(retry_from=clocks.wall + timedelta(hours=1))
+    book = book_for(place, clocks, "anyone")
+    roots = {name: book.root_uri(info) for name, info in docs.items()}
+    assert left() == {roots["dead"], taker.uri, roots["held"], holding.uri, live.uri, cooling.uri}
+
+    # Nothing changed within a retention period longer than the claims' age: nothing goes.
+    assert clean_output(output, storage, older_than=timedelta(days=60), now=clocks.wall).claims == 0
+    report = clean_output(output, storage, older_than=timedelta(days=7), now=clocks.wall)
+    # The dead run's claim and the take-over's leftover key go; the live claim, the chain leading to
+    # the run converting ``held`` (its expired first claim included) and the cool-down stay.
+    assert report.claims == 2 and report.objects == 2, report
+    assert left() == {roots["held"], holding.uri, live.uri, cooling.uri}
+    assert blocked(claim("new", "held")).record.run_id == "holding"
+    assert blocked(claim("new", "live")).record.run_id == "live"
+    assert blocked(claim("new", "cool")).cooling_down
+
+    # Once every claim has run out (the holders died, the cool-down passed), all of it goes.
+    assert clean_output(output, storage, older_than=timedelta(days=7), now=clocks.wall + timedelta(hours=2)).claims == 4
+    assert left() == set()
+    assert all(isinstance(claim(f"next-{name}", name), Claim) for name in docs)
