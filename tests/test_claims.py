@@ -7,15 +7,22 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
 from olmocr_tasks.claims import Blocked, Claim, ClaimBook, ClaimHolder
+from olmocr_tasks.ledger import Ledger
+from olmocr_tasks.pipeline import RunRequest, run_conversion
 from olmocr_tasks.retention import clean_output
 from olmocr_tasks.storage import ObjectInfo, Storage
+from tests import pdfgen
+from tests.reliability_checks import quick_settings
+from tests.standin.server import StandinServer
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
 EXPIRY = 60.0
@@ -259,3 +266,49 @@ def test_retention_removes_claims_no_run_holds_and_never_a_live_one(place: tuple
     assert clean_output(output, storage, older_than=timedelta(days=7), now=clocks.wall + timedelta(hours=2)).claims == 4
     assert left() == set()
     assert all(isinstance(claim(f"next-{name}", name), Claim) for name in docs)
+
+
+def test_what_claims_cost_per_document_in_a_counted_run_on_s3(
+    tmp_path: Path, standin: StandinServer, s3_fault_proxy: Any, s3_bucket: str
+) -> None:
+    """Every storage request of a real run to an S3 output, counted at a proxy: claims' share per document.
+
+    Uncontended, each document's claim costs one create (a conditional PUT), one delete and three
+    small reads of claim keys (the fence before recording reads the successor key, normally absent;
+    the release reads it again and checks its own token), plus the engine's check that no later
+    attempt of its batch has started (one HEAD). A document another run holds costs the refused
+    create, one read of the holder's claim and one HEAD of its successor. No listing: claims never list.
+    """
+    docs = 6
+    inbox = tmp_path / "in"
+    for number in range(docs):
+        pdfgen.write_pdf(inbox / f"d{number}.pdf", pdfgen.text_pdf(1, doc_id=180 + number))
+    storage = Storage(s3_fault_proxy.storage_options)
+    output = f"s3://{s3_bucket}/counted"
+    request = RunRequest(str(inbox), output, "counted", settings=quick_settings(standin.url))
+    # One more document is held by another run that is converting it: this run leaves it for later.
+    taken = inbox / "taken.pdf"
+    pdfgen.write_pdf(taken, pdfgen.text_pdf(1, doc_id=180 + docs))
+    state = Ledger(output, storage, request.conversion_key).state_uri
+    other = ClaimBook(storage, state, ClaimHolder("other", "p", "b", 1, T0), 600.0)
+    other_claim = held(other.acquire(Storage().stat(str(taken))))
+    taken_claim = unquote(other_claim.uri.split("/counted/", 1)[1])
+
+    before = len(s3_fault_proxy.requests)
+    manifest, _ = run_conversion(request, storage)
+    statuses = sorted((doc.status, doc.claimed_by) for doc in manifest.documents)
+    assert statuses == [("converted", None)] * docs + [("skipped", "other")], statuses
+    requests = [(r.method, unquote(r.target.split("?")[0])) for r in s3_fault_proxy.requests[before:]]
+    claims = Counter(method for method, path in requests if "/claims/" in path and taken_claim not in path)
+    blocked_on = Counter(method for method, path in requests if taken_claim in path)
+    fences = sum(method == "HEAD" and path.endswith("/try-0002/started") for method, path in requests)
+    lists = sum("list-type=2" in r.target for r in s3_fault_proxy.requests[before:] if "/claims" in unquote(r.target))
+    print(
+        f"\n{len(requests)} storage requests for {docs} converted one-page documents and one left for later; "
+        f"claims per converted document: {dict((m, n / docs) for m, n in claims.items())}, "
+        f"later-attempt checks {fences / docs}; for the one held by another run: {dict(blocked_on)}"
+    )
+    assert claims == Counter({"PUT": docs, "GET": 3 * docs, "DELETE": docs}), claims
+    assert fences == docs and lists == 0
+    # Held by another run: the refused create, a read of the holder's claim, a HEAD of its successor.
+    assert blocked_on == Counter({"PUT": 1, "GET": 1, "HEAD": 1}), blocked_on
