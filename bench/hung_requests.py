@@ -1,6 +1,6 @@
 """Hung requests with the hedging defaults, in two regimes (issue 21's targets), one pass each.
 
-    .venv/bin/python -m bench.hung_requests [--regime fast|gpu|both] [--quick] [--seed N]
+    .venv/bin/python -m bench.hung_requests [--regime fast|gpu|cold|both|all] [--quick] [--seed N]
 
 * ``fast``: the stand-in at 8 concurrent x 0.5 s (16 pages/s), the 1,002-page corpus (226 with
   ``--quick``): a fault-free pass, then 1 % and 5 % of requests accepted and never answered; targets
@@ -10,11 +10,18 @@
   (the adaptive window keeps 16-32 requests waiting): hedging off, hedging on, and 1 % hung with
   hedging on. Targets: with nothing hung, hedged requests <= 1 % of pages and throughput within 2 % of
   hedging off; with 1 % hung, <= 1.3x the hedging-on fault-free pass.
+* ``cold``: small runs, where a hung request comes before the client has timed the 8 answers its
+  percentile needs (cold start): one document of 1 page and one of 3 pages, each fault-free and with
+  its first page's first request hung (the stand-in reads the pages' markers to hang exactly that
+  one), on both servers; on the fast server also the 1-page run without ``/metrics``, where only the
+  read-timeout prior is left. Target: each hung run is hedged and finishes in under half the 300-s
+  read timeout (so no read timeout fired).
 
-Every pass uses the client's defaults (read timeout 300 s, hedging knobs of ``ServerSettings``); only
-the server, the pages and (gpu) the window differ. Each pass is a measured child process running the
-engine the CLI runs (``run_conversion``), against the stand-in in its own process with
-``fault_rates={"hang": rate}``. Checks per pass: exit status 0, every document converted with all its
+``both`` runs fast and gpu, ``all`` (the default) all three. Every pass uses the client's defaults
+(read timeout 300 s, hedging knobs of ``ServerSettings``); only the server, the pages and (gpu) the
+window differ. Each pass is a measured child process running the engine the CLI runs
+(``run_conversion``), against the stand-in in its own process with ``fault_rates={"hang": rate}``
+(cold: a script hanging one page's first request). Checks per pass: exit status 0, every document converted with all its
 pages, no fallback page, and each document's Dolma record spans its pages 1..N exactly once. Prints a
 markdown table and writes ``bench/results/hung_requests-<UTC>/``. Run it under
 ``flock /tmp/olmocr-bench.lock``.
@@ -32,13 +39,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BACKPRESSURE, MODEL, RESULTS_DIR, Regime, fresh_dir, standin, subprocess_env
-from bench.corpus import MEDIUM, Corpus, mixed_corpus
+from bench.corpus import MEDIUM, Corpus, mixed_corpus, single_document
 from bench.measure import run_measured
 from bench.run_cli import read_manifest
 
 GPU_LIKE = Regime("gpu-like", 64, 20.0, "64 concurrent x 20-40 s (uniform) = ~2.1 pages/s")
 GPU_JITTER_S = 20.0
 GPU_WINDOW = 96
+# Cold start: a hung small run must finish in under this share of the read timeout (default 300 s).
+COLD_TARGET_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -80,23 +89,34 @@ def check_outputs(output: Path, corpus: Corpus) -> tuple[bool, str, dict[str, An
     return True, "", details
 
 
-def run_pass(corpus: Corpus, work: Path, regime: Regime, spec: Pass, seed: int) -> dict[str, Any]:
-    slug = f"{regime.name}-{spec.slug}"
+def run_pass(
+    corpus: Corpus,
+    work: Path,
+    regime: Regime,
+    spec: Pass,
+    seed: int,
+    *,
+    server: dict[str, Any] | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """One pass; ``server`` adds stand-in settings, ``name`` replaces the pass's slug."""
+    slug = f"{regime.name}-{name or spec.slug}"
     output = fresh_dir(work / slug)
     overrides: dict[str, Any] = {"fault_rates": {"hang": spec.rate} if spec.rate else {}, "seed": seed}
+    overrides.update(server or {})
     child_args: list[str] = []
     if regime is GPU_LIKE:
         overrides["jitter_s"] = GPU_JITTER_S
         child_args += ["--max-concurrent-requests", str(GPU_WINDOW)]
     if not spec.hedging:
         child_args.append("--no-hedging")
-    with standin(regime, **overrides) as server:
+    with standin(regime, **overrides) as stand_in:
         command = [
             sys.executable, "-m", "bench.hung_requests", "--child", str(corpus.folder), str(output),
-            "--server", server.url, "--run-id", slug, *child_args,
+            "--server", stand_in.url, "--run-id", slug, *child_args,
         ]  # fmt: skip
         measurement = run_measured(command, label=slug, env=subprocess_env(), log_path=work / f"{slug}.log")
-        server_stats = server.stats()
+        server_stats = stand_in.stats()
     ok, note, details = check_outputs(output, corpus)
     if measurement.returncode != 0:
         ok, note = False, f"exit {measurement.returncode}; see {slug}.log"
@@ -200,12 +220,64 @@ def gpu_regime(work: Path, seed: int) -> tuple[list[str], bool, list[dict[str, A
     return lines, all_ok, [off, on, hung]
 
 
+@dataclass(frozen=True)
+class SmallRun:
+    """One document of ``pages`` pages, its first page's first request hung or not."""
+
+    pages: int
+    hung: bool
+    metrics: bool = True
+
+    @property
+    def slug(self) -> str:
+        return f"small-{self.pages}p" + ("-hung" if self.hung else "") + ("" if self.metrics else "-nometrics")
+
+    def server(self) -> dict[str, Any]:
+        # identify: the stand-in reads each page's marker, so that exactly document 1's page 1 hangs.
+        return {"identify": True, "metrics": self.metrics, "scripts": {"1:1": ["hang"]} if self.hung else {}}
+
+
+def cold_regime(work: Path, seed: int) -> tuple[list[str], bool, list[dict[str, Any]]]:
+    from olmocr_tasks.config import ServerSettings
+
+    limit = COLD_TARGET_FRACTION * ServerSettings().read_timeout_s
+    lines = [
+        "Cold start: one-document runs whose first page's first request hangs before the client has timed",
+        f"any answer (defaults: read timeout {ServerSettings().read_timeout_s:g} s); target: hung run < {limit:g} s",
+        "",
+        "| server | pages | /metrics | fault-free wall s | hung wall s | extra s | hung requests | hedged | "
+        "requests | pages ok |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    all_ok = True
+    results: list[dict[str, Any]] = []
+    cases = [(BACKPRESSURE, 1, True), (BACKPRESSURE, 3, True), (BACKPRESSURE, 1, False)]
+    cases += [(GPU_LIKE, 1, True), (GPU_LIKE, 3, True)]
+    for regime, pages, metrics in cases:
+        corpus = single_document(pages)
+        clean, hung = SmallRun(pages, False, metrics), SmallRun(pages, True, metrics)
+        base = run_pass(corpus, work, regime, Pass(0.0), seed, server=clean.server(), name=clean.slug)
+        result = run_pass(corpus, work, regime, Pass(0.0), seed, server=hung.server(), name=hung.slug)
+        for run in (base, result):
+            run.update(pages=pages, metrics_endpoint=metrics, small_run=True)
+        ok = base["ok"] and result["ok"] and result["wall_s"] < limit and result["hedged"] >= 1
+        all_ok = all_ok and ok
+        results += [base, result]
+        verdict = f"{ok} ({result['note']})" if result["note"] else str(ok)
+        lines.append(
+            f"| {regime.name} | {pages} | {'yes' if metrics else 'no'} | {base['wall_s']} | {result['wall_s']} | "
+            f"{result['wall_s'] - base['wall_s']:.2f} | {result['hung_requests']} | {result['hedged']} | "
+            f"{result['requests']} | {verdict} |"
+        )
+    return lines, all_ok, results
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         return child(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench.hung_requests")
-    parser.add_argument("--regime", choices=("fast", "gpu", "both"), default="both")
+    parser.add_argument("--regime", choices=("fast", "gpu", "cold", "both", "all"), default="all")
     parser.add_argument("--quick", action="store_true", help="fast regime: the 226-page corpus instead of 1,002")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
@@ -214,12 +286,16 @@ def main(argv: list[str] | None = None) -> int:
     lines: list[str] = []
     results: dict[str, Any] = {}
     all_ok = True
-    if args.regime in ("fast", "both"):
+    if args.regime in ("fast", "both", "all"):
         table, ok, results["fast"] = fast_regime(work, args.seed, args.quick)
         lines += [*table, ""]
         all_ok = all_ok and ok
-    if args.regime in ("gpu", "both"):
+    if args.regime in ("gpu", "both", "all"):
         table, ok, results["gpu"] = gpu_regime(work, args.seed)
+        lines += [*table, ""]
+        all_ok = all_ok and ok
+    if args.regime in ("cold", "all"):
+        table, ok, results["cold"] = cold_regime(work, args.seed)
         lines += [*table, ""]
         all_ok = all_ok and ok
     lines.append(f"all targets met: {all_ok}")

@@ -194,6 +194,8 @@ class MetricsSource(Protocol):
 
     metrics_url: str
     sample: QueueSample | None
+    # The poller's clock when ``sample`` was read (hedging judges a request by readings taken after it).
+    sample_read_at: float | None
     metrics_absent: bool
 
 
@@ -287,4 +289,5 @@ class MetricsPoller:
             self._meter.observe(source, self._clock(), sample)
         source.metrics_absent = False
         source.sample = sample.queue
+        source.sample_read_at = self._clock()
         return sample.queue

@@ -115,7 +115,14 @@ class _Retryable(Exception):
 class _CallState:
     """Bookkeeping of one ``complete()`` call across its attempts."""
 
-    __slots__ = ("backoff_rounds", "failed_replicas", "last_attempt_started", "previous_attempt_started", "started")
+    __slots__ = (
+        "backing_off",
+        "backoff_rounds",
+        "failed_replicas",
+        "last_attempt_started",
+        "previous_attempt_started",
+        "started",
+    )
 
     def __init__(self, started: float) -> None:
         self.started = started
@@ -123,6 +130,8 @@ class _CallState:
         self.previous_attempt_started = started
         self.failed_replicas: set[Replica] = set()
         self.backoff_rounds = 0
+        # Between a failed attempt and the next: no request of this call is at the server.
+        self.backing_off = False
 
 
 class _QuietRequestLines(logging.Filter):
@@ -432,8 +441,10 @@ class InferenceClient:
         """The request, plus a hedge whenever the newest request is outstanding past its hedge time
         (``HedgePolicy.due_at``) and the server has room; the first answer wins and the others are
         cancelled."""
-        arms = {asyncio.ensure_future(self._complete_with_retries(body))}
-        newest_started = self._clock()
+        # The newest request's call: hedge timing counts from its latest attempt, and pauses while it
+        # backs off after a failure (the server answered; a hedge then would only add load to it).
+        newest = _CallState(self._clock())
+        arms = {asyncio.ensure_future(self._complete_with_retries(body, newest))}
         hedges = 0
         failure: BaseException | None = None
         try:
@@ -443,11 +454,12 @@ class InferenceClient:
                 hedge_now = False
                 if may_hedge:
                     self._hedging.observe_server(self._server_idle(), self._clock())
-                    due_at = self._hedging.due_at(newest_started)
+                    self._observe_reading()
+                    due_at = None if newest.backing_off else self._hedging.due_at(newest.last_attempt_started)
                     now = self._clock()
                     # Look again at least once per /metrics poll: the server's queue, and with it the
-                    # rule that applies, may change; a request hung among the first pages of a run must
-                    # be hedged once a latency history exists; a server without room may get some.
+                    # rule that applies, may change; a request sent before the run's first answers is
+                    # judged again by the rule they make possible; a server without room may get some.
                     timeout = self._settings.metrics_poll_interval_s
                     if due_at is not None and due_at > now:
                         timeout = min(timeout, due_at - now)
@@ -468,8 +480,8 @@ class InferenceClient:
                         assert failure is not None
                         raise failure
                     continue
-                arms.add(asyncio.ensure_future(self._hedge(body)))
-                newest_started = self._clock()
+                newest = _CallState(self._clock())
+                arms.add(asyncio.ensure_future(self._hedge(body, newest)))
                 hedges += 1
                 if on_hedge is not None:
                     on_hedge()
@@ -481,6 +493,17 @@ class InferenceClient:
     def _fresh_samples(self) -> list[QueueSample]:
         now = self._clock()
         return [r.sample for r in self._replicas if r.sample is not None and not r.cooling(now)]
+
+    def _observe_reading(self) -> None:
+        """Tell the hedging rule whether the servers' latest /metrics readings hold any request at all.
+        Every replica must have been read (ours may be at any of them, a cooling one included); the
+        reading counts from the oldest of them."""
+        replicas = list(self._replicas)
+        if not self._window.adaptive or any(r.sample is None or r.sample_read_at is None for r in replicas):
+            return
+        held = sum(r.sample.running + r.sample.waiting for r in replicas if r.sample is not None)
+        read_at = min(r.sample_read_at for r in replicas if r.sample_read_at is not None)
+        self._hedging.observe_reading(held > 0, read_at)
 
     def _server_idle(self) -> bool:
         """Is nothing waiting in the server's queue? vLLM's metrics say so when they are read; without
@@ -500,22 +523,21 @@ class InferenceClient:
             return sum(s.waiting for s in samples) <= sum(target_waiting(s.running) for s in samples)
         return self._limiter.in_use < self._limiter.limit
 
-    async def _hedge(self, body: bytes) -> dict[str, Any]:
+    async def _hedge(self, body: bytes, call: _CallState) -> dict[str, Any]:
         self._hedges_in_flight += 1
         self._hedged += 1
         log.debug("hedging a slow request (recent p95 answer time %.2f s)", self._hedging.typical() or 0.0)
         try:
-            return await self._complete_with_retries(body)
+            return await self._complete_with_retries(body, call)
         finally:
             self._hedges_in_flight -= 1
 
-    async def _complete_with_retries(self, body: bytes) -> dict[str, Any]:
-        call = _CallState(self._clock())
+    async def _complete_with_retries(self, body: bytes, call: _CallState) -> dict[str, Any]:
         retrying = AsyncRetrying(
             stop=lambda state: self._should_stop(state, call),
             wait=lambda state: self._backoff(state, call),
             retry=retry_if_exception_type(_Retryable),
-            before_sleep=self._count_retry,
+            before_sleep=lambda state: self._count_retry(state, call),
             sleep=self._sleep,
             reraise=True,
         )
@@ -553,7 +575,8 @@ class InferenceClient:
         retry_after = exc.retry_after if isinstance(exc, _Retryable) else None
         return backoff_delay(self._settings, call.backoff_rounds, retry_after)
 
-    def _count_retry(self, state: RetryCallState) -> None:
+    def _count_retry(self, state: RetryCallState, call: _CallState) -> None:
+        call.backing_off = True
         self._retries += 1
         exc = state.outcome.exception() if state.outcome is not None else None
         log.debug("retrying in %.2f s after %s", state.upcoming_sleep, exc)
@@ -563,6 +586,7 @@ class InferenceClient:
         started = self._clock()
         call.previous_attempt_started = call.last_attempt_started
         call.last_attempt_started = started
+        call.backing_off = False
         replica.outstanding += 1
         replica.requests += 1
         self._requests += 1

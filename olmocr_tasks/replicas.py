@@ -55,6 +55,7 @@ class Replica:
         self.picks = 0
         # Written by the metrics poller (see ``backpressure.MetricsPoller``).
         self.sample: QueueSample | None = None
+        self.sample_read_at: float | None = None
         self.metrics_absent = False
 
     def cooling(self, now: float) -> bool:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import heapq
+import random
+
 import pytest
 
 from olmocr_tasks.config import ServerSettings
-from olmocr_tasks.hedging import MIN_SAMPLES, HedgePolicy, LatencyTracker
+from olmocr_tasks.hedging import COLD_MULTIPLE, COLD_PRIOR_FRACTION, MIN_SAMPLES, HedgePolicy, LatencyTracker
 
 
 def policy_with(latencies: list[float], **settings: float | bool) -> HedgePolicy:
@@ -25,14 +28,126 @@ def test_nearest_rank_percentile_of_the_recent_window() -> None:
     assert tracker.percentile(0.95) == 5.0 and tracker.percentile(0.5) == 3.0
 
 
-def test_no_hedge_without_a_latency_history_or_when_switched_off() -> None:
-    policy = policy_with([1.0] * (MIN_SAMPLES - 1))
-    policy.observe_server(idle=True, now=0.0)
-    assert policy.due_at(0.0) is None
-    policy.record(1.0)
-    assert policy.due_at(0.0) is not None
+def test_switched_off_never_hedges() -> None:
     assert policy_with([1.0] * 50, hedge_requests=False).due_at(0.0) is None
     assert policy_with([1.0] * 50, max_hedges_per_request=0).due_at(0.0) is None
+    off = policy_with([], hedge_requests=False)
+    off.observe_reading(holds_requests=False, read_at=5.0)
+    off.observe_reading(holds_requests=False, read_at=6.0)
+    assert off.due_at(0.0) is None
+
+
+def test_cold_start_without_any_answer_waits_a_quarter_of_the_read_timeout() -> None:
+    # A one-page run: nothing has been timed, the read timeout is the only scale there is.
+    assert policy_with([]).due_at(10.0) == pytest.approx(10.0 + COLD_PRIOR_FRACTION * 300.0)
+    assert policy_with([], read_timeout_s=60.0).due_at(10.0) == pytest.approx(10.0 + 15.0)
+    # The floor still holds for a read timeout of a few seconds.
+    assert policy_with([], read_timeout_s=2.0, hedge_min_delay_s=1.0).due_at(10.0) == pytest.approx(11.0)
+
+
+def test_cold_start_with_a_few_answers_waits_a_wide_multiple_of_the_slowest() -> None:
+    # Answers so far are the fastest of their cohort: twice the busy rule's multiple of the slowest.
+    policy = policy_with([0.4, 0.5])
+    assert policy.due_at(0.0) == pytest.approx(COLD_MULTIPLE * 3.0 * 0.5)
+    # Slow answers say the server is slow: they are trusted over the read-timeout prior.
+    slow = policy_with([25.0, 30.0, 35.0])
+    assert slow.due_at(0.0) == pytest.approx(COLD_MULTIPLE * 3.0 * 35.0)
+    # An idle server does not shorten it: the idle rule needs a percentile.
+    slow.observe_server(idle=True, now=36.0)
+    assert slow.due_at(0.0) == pytest.approx(COLD_MULTIPLE * 3.0 * 35.0)
+
+
+def test_cold_start_ends_at_min_samples_and_a_request_is_judged_again() -> None:
+    # The due time of one request sent at 0 follows what is known at each moment.
+    policy = policy_with([])
+    assert policy.due_at(0.0) == pytest.approx(75.0)
+    policy.record(2.0)
+    assert policy.due_at(0.0) == pytest.approx(12.0)
+    for _ in range(MIN_SAMPLES - 2):
+        policy.record(1.0)
+    assert policy.typical() is None and policy.due_at(0.0) == pytest.approx(12.0)
+    policy.record(1.0)  # the eighth answer: the percentile rule (p95 of eight is their maximum)
+    assert policy.typical() == 2.0 and policy.due_at(0.0) == pytest.approx(6.0)
+
+
+def test_lost_request_needs_two_empty_readings_after_it_was_sent() -> None:
+    policy = policy_with([])
+    sent = 10.0
+    # Readings before the request was sent, or while vLLM may still be preparing it, say nothing.
+    for read_at in (9.0, 10.5):
+        policy.observe_reading(holds_requests=False, read_at=read_at)
+    assert policy.lost_at(sent) is None
+    policy.observe_reading(holds_requests=False, read_at=11.2)
+    assert policy.lost_at(sent) is None  # one reading: a generation may just have ended
+    policy.observe_reading(holds_requests=False, read_at=11.7)
+    assert policy.lost_at(sent) is None  # two, but not a second apart
+    policy.observe_reading(holds_requests=False, read_at=12.3)
+    assert policy.lost_at(sent) == 12.3
+    assert policy.due_at(sent) == pytest.approx(12.3)
+    # The same reading seen again adds nothing; a request sent later is judged by later readings.
+    policy.observe_reading(holds_requests=False, read_at=12.3)
+    assert policy.lost_at(11.5) is None
+
+
+def test_a_reading_with_any_request_at_the_server_clears_the_evidence() -> None:
+    policy = policy_with([])
+    for read_at in (2.0, 3.0):
+        policy.observe_reading(holds_requests=False, read_at=read_at)
+    assert policy.lost_at(0.0) == 3.0
+    policy.observe_reading(holds_requests=True, read_at=4.0)
+    assert policy.lost_at(0.0) is None
+    assert policy.due_at(0.0) == pytest.approx(75.0)
+    policy.observe_reading(holds_requests=False, read_at=5.0)
+    assert policy.lost_at(0.0) is None  # a new run of empty readings starts over
+    policy.observe_reading(holds_requests=False, read_at=6.0)
+    assert policy.lost_at(0.0) == 6.0
+
+
+def test_lost_request_rule_applies_with_a_history_and_keeps_the_floor() -> None:
+    # 30-s pages: the busy rule would wait 90 s; a server holding nothing says the request is lost.
+    policy = policy_with([30.0] * 20)
+    policy.observe_server(idle=False, now=0.0)
+    assert policy.due_at(100.0) == pytest.approx(190.0)
+    for read_at in (101.5, 102.5):
+        policy.observe_reading(holds_requests=False, read_at=read_at)
+    assert policy.due_at(100.0) == pytest.approx(102.5)
+    # Never before the floor.
+    floor = policy_with([], hedge_min_delay_s=5.0)
+    for read_at in (1.5, 2.5):
+        floor.observe_reading(holds_requests=False, read_at=read_at)
+    assert floor.due_at(0.0) == pytest.approx(5.0)
+
+
+def _gpu_cohort(seed: int, slots: int, requests: int) -> list[float]:
+    """Answer times of ``requests`` sent together at 0 to ``slots`` slots taking 20-40 s (uniform), in
+    arrival order: the first ``slots`` run at once, each later one when a slot frees."""
+    rng = random.Random(seed)
+    free = [0.0] * slots
+    done = []
+    for _ in range(requests):
+        start = heapq.heappop(free)
+        end = start + rng.uniform(20.0, 40.0)
+        heapq.heappush(free, end)
+        done.append(end)
+    return done
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize(("slots", "requests"), [(64, 96), (64, 3), (8, 8), (1, 3)])
+def test_cold_start_never_hedges_a_healthy_gpu_cohort(seed: int, slots: int, requests: int) -> None:
+    # GPU-like pages (20-40 s), all sent at once and some queued behind the slots: replay the answers
+    # in order and check, between each answer and the next, that no outstanding request falls due
+    # before its own answer (the server holds them all, so the lost-request rule has no say).
+    answers = sorted(_gpu_cohort(seed, slots, requests))
+    policy = policy_with([])
+    policy.observe_server(idle=False, now=0.0)
+    for index, answered_at in enumerate(answers):
+        due = policy.due_at(0.0)
+        assert due is not None
+        # Until this answer, every request is outstanding that is answered now or later: the rule must
+        # not make them due before this answer (the earliest of them).
+        assert due >= answered_at, f"answer {index}: a healthy request would be hedged at {due:.1f} s"
+        policy.record(answered_at)
 
 
 def test_busy_server_hedges_at_a_multiple_of_the_recent_p95() -> None:
