@@ -19,6 +19,11 @@ folder loads it. Runs, one after the other, on local folders:
 4. as 3, with the one-page run's ``priority_class`` forced to low: classes switched off.
 
 A run's time is its DAG run's start to end in Airflow; the big run's throughput is its pages over that.
+For each one-page run beside the big run the bench also says where its time went, from its task
+instances' times over REST (per task: waiting for the scheduler after its upstream ended, ready to
+queued, i.e. the pool slot and the scheduler's loop, queued to running, i.e. Celery and the worker's
+start-up, and running) and from the stand-in's request log (its page's wait in the server's queue),
+beside how the big run was planned (its convert instances and how long each held a slot).
 Run it under ``flock /tmp/olmocr-bench.lock``. Prints a markdown table, writes
 ``bench/results/priority-<UTC>/results.json``.
 """
@@ -35,6 +40,7 @@ from typing import Any
 
 from bench.common import BACKPRESSURE, MODEL, RESULTS_DIR, fresh_dir, standin
 from bench.corpus import Corpus, mixed_corpus
+from olmocr_tasks.priority import HIGH, VLLM_PRIORITY
 
 DAG_ID = "olmocr_ingest"
 POOL_SLOTS = 2
@@ -90,12 +96,82 @@ def _wait_saturated(api: Any, server: Any, run_id: str) -> None:
     raise TimeoutError("the big run never held both slots with a server queue")
 
 
+def _at(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
+def _span(start: str | None, end: str | None) -> float | None:
+    return None if start is None or end is None else round((_at(end) - _at(start)).total_seconds(), 2)
+
+
+def breakdown(api: Any, server: Any, urgent: dict[str, Any], big_id: str, since_seq: int) -> dict[str, Any]:
+    """Where the one-page run's time went: per task instance, its page at the server, the big run's slots."""
+    tis = sorted(api.task_instances(DAG_ID, urgent["dag_run_id"]), key=lambda ti: ti["start_date"] or "")
+    tasks, previous_end = [], urgent["start_date"]
+    for ti in tis:
+        tasks.append(
+            {
+                "task": ti["task_id"],
+                "after_upstream_s": _span(previous_end, ti["scheduled_when"]),
+                "ready_to_queued_s": _span(ti["scheduled_when"], ti["queued_when"]),
+                "queued_to_running_s": _span(ti["queued_when"], ti["start_date"]),
+                "running_s": _span(ti["start_date"], ti["end_date"]),
+            }
+        )
+        previous_end = ti["end_date"]
+    result: dict[str, Any] = {"tasks": tasks, "after_last_task_s": _span(previous_end, urgent["end_date"])}
+    pages = [r for r in server.requests(since_seq) if r.get("priority") == VLLM_PRIORITY[HIGH] and r.get("started")]
+    if pages:
+        page = min(pages, key=lambda r: r["seq"])
+        result["page_server_queue_s"] = round(page["started"] - page["queued"], 3)
+        result["page_answer_s"] = round(page["finished"] - page["started"], 3)
+    big = _converts(api, big_id)
+    held = [_span(ti["start_date"], ti["end_date"]) for ti in big if ti["start_date"] and ti["end_date"]]
+    result["big_instances"] = len(big)
+    result["big_instance_s"] = {"min": min(held), "median": sorted(held)[len(held) // 2], "max": max(held)}
+    (convert,) = [ti for ti in tis if ti["task_id"] == "convert"]
+    ready = _at(convert["scheduled_when"])
+    # The big run's instances holding a slot when the urgent instance became ready: how long each still held it.
+    remaining = [
+        (_at(ti["end_date"]) - ready).total_seconds()
+        for ti in big
+        if ti["start_date"] and ti["end_date"] and _at(ti["start_date"]) <= ready < _at(ti["end_date"])
+    ]
+    result["big_slots_held_at_ready_s"] = sorted(round(value, 2) for value in remaining)
+    return result
+
+
 def beside_big_run(api: Any, server: Any, corpus: Corpus, work: Path, name: str, urgent_class: str) -> dict[str, Any]:
     big_id = _trigger(api, _big_conf(corpus, work, name))
     _wait_saturated(api, server, big_id)
+    since_seq = int(server.stats()["total"])  # the stand-in's request count: the urgent page comes later
     urgent = _finished(api, _trigger(api, _urgent_conf(work, name, urgent_class)))
     big = _finished(api, big_id)
-    return {"urgent_s": round(_seconds(urgent), 2), "big_s": round(_seconds(big), 2)}
+    return {
+        "urgent_s": round(_seconds(urgent), 2),
+        "big_s": round(_seconds(big), 2),
+        "breakdown": breakdown(api, server, urgent, big_id, since_seq),
+    }
+
+
+def _describe(found: dict[str, Any]) -> str:
+    lines = [
+        "| task | after upstream s | ready → queued s | queued → running s | running s |",
+        "|---|---|---|---|---|",
+    ]
+    for task in found["tasks"]:
+        lines.append(
+            f"| {task['task']} | {task['after_upstream_s']} | {task['ready_to_queued_s']} | "
+            f"{task['queued_to_running_s']} | {task['running_s']} |"
+        )
+    lines += [
+        "",
+        f"after the last task {found['after_last_task_s']} s; its page waited "
+        f"{found.get('page_server_queue_s')} s in the server's queue, answered in {found.get('page_answer_s')} s; "
+        f"the big run ran {found['big_instances']} convert instances holding a slot {found['big_instance_s']} s; "
+        f"those holding one when the urgent instance became ready: {found['big_slots_held_at_ready_s']} s more",
+    ]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             f"| {label} | {row['urgent_s']} | {row['urgent_s'] / idle:.2f} | {row['big_s']} | "
             f"{alone / row['big_s']:.3f} |"
         )
+    for label, key in (("class high", "classes_on"), ("class low", "classes_off")):
+        lines += ["", f"Where the one-page run's time went ({label}):", "", _describe(results[key]["breakdown"])]
     print("\n".join(lines))
     (work / "results.md").write_text("\n".join(lines) + "\n")
     on = results["classes_on"]

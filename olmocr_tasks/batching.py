@@ -8,9 +8,14 @@ concurrency):
   ``max_concurrent_requests``): with fewer it cannot keep its share of the server busy, and each
   instance pays Airflow's start-up (about 6 s per instance under Celery on a loaded 2-core machine,
   ``bench/mapping.py``);
-* the number of instances is a whole number of *waves* of ``S``: ``n = S * max(1, P // (S * min_pages))``,
-  so no instance runs alone after the others finished; a small run (``P < S * min_pages``) still
-  spreads over all ``S`` slots, so every worker renders;
+* the number of instances is a whole number of *waves* of ``S``:
+  ``n = S * max(min_waves, P // (S * min_pages))``, so no instance runs alone after the others
+  finished; a small run (``P < S * min_pages``) still spreads over all ``S`` slots, so every worker
+  renders;
+* ``min_waves`` (default 1) is raised for low-priority runs (``LOW_CLASS_MIN_WAVES``): each of their
+  instances then holds a slot for at most about ``1 / (S * min_waves)`` of the run, so slots turn over
+  often and a high-priority instance, queued first by its weight, gets the next one within seconds
+  rather than after a backfill's long instance (``olmocr_tasks.priority``, README "Priority classes");
 * each instance's target is ``P / n`` pages: a document of at least that many pages gets its own
   instance, smaller ones are packed in discovery order, each pack cut where its pages come closest to
   the target (or at ``max_documents`` documents);
@@ -34,6 +39,10 @@ from olmocr_tasks.runs import SourceDocument
 # pages, i.e. towards more (smaller) instances, which costs start-up time but never starves the server.
 DEFAULT_BYTES_PER_PAGE = 64 * 1024
 DEFAULT_PARALLEL = 4
+# Waves of a low-priority run: 8 cuts a run into at least 8 * S instances. With S = 2 and a run of 1,000
+# pages at 16 pages/s an instance holds its slot ~4 s instead of the whole minute; each instance costs
+# its Airflow start-up, which overlaps the other slots' work (bench/priority.py measures what the big run loses).
+LOW_CLASS_MIN_WAVES = 8
 
 
 @dataclass(frozen=True)
@@ -45,9 +54,10 @@ class BatchingRule:
     max_batches: int = 1024
     bytes_per_page: int = DEFAULT_BYTES_PER_PAGE
     max_documents: int = 200
+    min_waves: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("min_pages", "parallel", "max_batches", "bytes_per_page", "max_documents"):
+        for name in ("min_pages", "parallel", "max_batches", "bytes_per_page", "max_documents", "min_waves"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
 
@@ -56,7 +66,7 @@ class BatchingRule:
 
     def target_pages(self, total_pages: int) -> float:
         """Pages one instance should get for a run of ``total_pages``: a whole number of waves."""
-        waves = max(1, total_pages // (self.parallel * self.min_pages))
+        waves = max(self.min_waves, total_pages // (self.parallel * self.min_pages))
         instances = min(self.parallel * waves, self.max_batches, max(1, total_pages))
         return total_pages / instances
 

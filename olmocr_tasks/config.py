@@ -107,6 +107,8 @@ class ConversionSettings:
     max_open_documents: int = 16
     # PDFium worker processes per converting process (None: one per core, see rendering).
     render_workers: int | None = None
+    # Added to the render workers' niceness: low-priority runs give the host's CPU way (priority.py).
+    render_nice: int = 0
     gpu_hour_price: float | None = None
 
     def public_dict(self) -> dict[str, Any]:

@@ -141,6 +141,7 @@ class ConversionEngine:
             workers=settings.render_workers,
             png_compress_level=settings.page.png_compress_level,
             limits=settings.limits,
+            nice=settings.render_nice,
         )
         self._pages = PageConverter(
             self._client,

@@ -16,7 +16,11 @@ A run's Param ``priority_class`` overrides the choice. The class is carried:
   the connection says the deployment runs ``--scheduling-policy priority`` (extra
   ``scheduling_policy``): vLLM refuses a non-zero ``priority`` under its default ``fcfs``, so with
   ``fcfs`` the field is never sent and request bodies stay byte-identical to olmOCR's;
-* to Airflow, as the convert instances' ``priority_weight`` and pool (``provider.policy``).
+* to Airflow, as the convert instances' ``priority_weight`` and pool (``provider.policy``);
+* to the plan: a low-priority run is cut into more, shorter convert instances
+  (``batching.LOW_CLASS_MIN_WAVES``), so the pool's slots turn over often and the weight above
+  takes effect within seconds;
+* to the host: a low-priority run's render workers run niced (``RENDER_NICE``).
 
 Pure: no Airflow, no I/O.
 """
@@ -35,6 +39,10 @@ CLASSES = (HIGH, NORMAL, LOW)
 VLLM_PRIORITY = {HIGH: -10, NORMAL: 0, LOW: 10}
 # Airflow's priority_weight per class: higher is queued first for a pool slot.
 AIRFLOW_WEIGHT = {HIGH: 100, NORMAL: 10, LOW: 1}
+# Added to the niceness of a run's render workers: a low-priority run renders with what CPU is left
+# when the host (an Airflow worker, often also running the components) has other work. Rendering is
+# most of a conversion's CPU; OLMOCR_LOW_PRIORITY_NICE overrides the low value (0 switches it off).
+RENDER_NICE = {HIGH: 0, NORMAL: 0, LOW: 10}
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
 

@@ -353,10 +353,13 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _worker_main(fd: int, limits_json: str, parent_pid: int = 0) -> None:
+def _worker_main(fd: int, limits_json: str, parent_pid: int = 0, nice: int = 0) -> None:
     """Entry point of a worker process: answer requests on the inherited connection until EOF."""
     # Ctrl-C reaches the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if nice > 0:
+        # A low-priority run's rendering yields the CPU to everything else on the host (see RenderPool).
+        os.nice(nice)
     if parent_pid:
         _die_with_parent(parent_pid)
     conn = Connection(fd)
@@ -434,7 +437,12 @@ class RenderPool:
         workers: int | None = None,
         png_compress_level: int = 1,
         limits: DocumentLimits = DocumentLimits(),  # noqa: B008 - frozen dataclass, safe to share
+        nice: int = 0,
     ) -> None:
+        """``nice``: added to the workers' niceness (0 leaves it). Rendering is nearly all of a
+        conversion's CPU, so a low-priority run whose workers are niced gives way, on a shared host,
+        to the Airflow tasks of a high-priority run and to the Airflow components themselves; the
+        converting process keeps its own niceness, as an Airflow task runner may run other tasks later."""
         workers = default_render_workers() if workers is None else workers
         if workers < 1:
             raise ValueError("workers must be at least 1")
@@ -443,6 +451,9 @@ class RenderPool:
         self.workers = workers
         self.png_compress_level = png_compress_level
         self.limits = limits
+        if nice < 0:
+            raise ValueError("nice must be 0 or more: a process may only lower its own priority")
+        self.nice = nice
         self._cond = threading.Condition()
         self._jobs: collections.deque[_Job] = collections.deque()
         self._slots = [_Slot(index) for index in range(workers)]
@@ -632,12 +643,12 @@ class RenderPool:
         code = (
             "import sys; sys.path.insert(0, sys.argv[1]); "
             "from olmocr_tasks.rendering import _worker_main; "
-            "_worker_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))"
+            "_worker_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))"
         )
         fd = child_end.fileno()
         try:
             process = subprocess.Popen(
-                [sys.executable, "-c", code, package_root, str(fd), limits_json, str(os.getpid())],
+                [sys.executable, "-c", code, package_root, str(fd), limits_json, str(os.getpid()), str(self.nice)],
                 pass_fds=(fd,),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from olmocr_tasks.batching import BatchingRule, pack_batches
+from olmocr_tasks.batching import LOW_CLASS_MIN_WAVES, BatchingRule, pack_batches
 from olmocr_tasks.runs import SourceDocument
 from olmocr_tasks.storage import ObjectInfo
 
@@ -67,3 +67,20 @@ def test_pages_are_estimated_from_sizes_and_the_rule_refuses_nonsense() -> None:
     with pytest.raises(ValueError, match="parallel"):
         BatchingRule(parallel=0)
     assert pack_batches([], rule) == []
+
+
+def test_a_low_priority_run_is_cut_into_more_waves_of_short_instances() -> None:
+    """A low-priority run's instances each hold a slot for a short share of the run, so slots turn over
+    often; a run that already has more waves than the floor is cut as before."""
+    sources = _documents(*[1] * 128)  # 128 pages: one wave of 2 x 64 by the default rule
+    normal = BatchingRule(min_pages=64, parallel=2, bytes_per_page=PAGE)
+    low = BatchingRule(min_pages=64, parallel=2, bytes_per_page=PAGE, min_waves=LOW_CLASS_MIN_WAVES)
+    assert _shape(pack_batches(sources, normal)) == [64, 64]
+    batches = pack_batches(sources, low)
+    assert len(batches) == 2 * LOW_CLASS_MIN_WAVES
+    assert _shape(batches) == [8] * 16  # each a sixteenth of the run
+    assert sorted(source.uri for batch in batches for source in batch) == [source.uri for source in sources]
+    many = _documents(*[4] * 1000)  # 4,000 pages: 31 waves of 64-page instances, above the floor
+    assert len(pack_batches(many, low)) == len(pack_batches(many, normal))
+    with pytest.raises(ValueError, match="min_waves"):
+        BatchingRule(min_waves=0)

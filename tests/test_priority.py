@@ -84,8 +84,8 @@ def test_unknown_scheduling_policy_is_a_configuration_error() -> None:
         InferenceClient(ServerSettings(scheduling_policy="lottery"))
 
 
-def _convert_ti(pool: str = "olmocr_vllm", task_id: str = "convert") -> SimpleNamespace:
-    return SimpleNamespace(task_id=task_id, pool=pool, priority_weight=1)
+def _convert_ti(pool: str = "olmocr_vllm", task_id: str = "convert", dag_id: str = "olmocr_ingest") -> SimpleNamespace:
+    return SimpleNamespace(dag_id=dag_id, task_id=task_id, pool=pool, priority_weight=1)
 
 
 @pytest.mark.parametrize(
@@ -121,7 +121,59 @@ def test_cluster_policy_reserved_pool_and_what_it_leaves_alone(monkeypatch: pyte
         (_convert_ti(), None),
         (_convert_ti(), SimpleNamespace(run_type="manual", conf={"priority_class": "urgent"})),
         (_convert_ti(pool="someone_elses"), SimpleNamespace(run_type="backfill", conf={})),
+        # Another DAG's task named convert, even in our pool, is someone else's.
+        (_convert_ti(dag_id="their_etl"), SimpleNamespace(run_type="manual", conf={"documents": ["a.pdf"]})),
     ):
         before = dict(vars(ti))
         task_instance_mutation_hook(ti, run)
         assert vars(ti) == before
+
+
+def test_a_dag_of_ones_own_is_placed_once_named_in_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OLMOCR_HIGH_PRIORITY_POOL", raising=False)
+    monkeypatch.setenv("OLMOCR_POLICY_DAGS", "olmocr_ingest, invoices_ocr")
+    ours, theirs = _convert_ti(dag_id="invoices_ocr"), _convert_ti(dag_id="olmocr_s3_events")
+    for ti in (ours, theirs):
+        task_instance_mutation_hook(ti, SimpleNamespace(run_type="asset_triggered", conf={}))
+    assert (ours.priority_weight, theirs.priority_weight) == (AIRFLOW_WEIGHT[HIGH], 1)
+
+
+def test_the_policy_reaches_airflow_through_its_entry_point() -> None:
+    """Installing the package is enough: Airflow's policy plugin manager (pluggy) loads the
+    ``airflow.policy`` entry point, and its hook places a convert instance."""
+    import pluggy
+    from airflow import policies
+
+    manager = pluggy.PluginManager(policies.local_settings_hookspec.project_name)
+    manager.add_hookspecs(policies)
+    manager.load_setuptools_entrypoints("airflow.policy")
+    assert "olmocr_tasks.provider.policy" in {
+        impl.plugin.__name__ for impl in manager.hook.task_instance_mutation_hook.get_hookimpls()
+    }
+    ti = _convert_ti()
+    manager.hook.task_instance_mutation_hook(
+        task_instance=ti, dag_run=SimpleNamespace(run_type="manual", conf={"documents": ["a.pdf"]})
+    )
+    assert ti.priority_weight == AIRFLOW_WEIGHT[HIGH]
+
+
+def test_a_low_priority_run_is_planned_short_and_renders_niced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a run's class changes in the task code: the plan's waves and the render workers' niceness,
+    each with its setting (0 switches the niceness off; a nonsense value is a configuration error)."""
+    from olmocr_tasks.batching import LOW_CLASS_MIN_WAVES
+    from olmocr_tasks.pipeline import RunRequest
+    from olmocr_tasks.priority import RENDER_NICE
+    from olmocr_tasks.provider.tasks import batching_rule, render_nice
+
+    for name in ("OLMOCR_LOW_CLASS_WAVES", "OLMOCR_LOW_PRIORITY_NICE", "OLMOCR_BATCH_PAGES"):
+        monkeypatch.delenv(name, raising=False)
+    request = RunRequest(input_uri="/in", output_uri="/out", run_id="r")
+    assert batching_rule({}, request, LOW).min_waves == LOW_CLASS_MIN_WAVES > 1
+    assert batching_rule({}, request, HIGH).min_waves == batching_rule({}, request, NORMAL).min_waves == 1
+    assert (render_nice(HIGH), render_nice(NORMAL), render_nice(LOW)) == (0, 0, RENDER_NICE[LOW])
+    monkeypatch.setenv("OLMOCR_LOW_CLASS_WAVES", "3")
+    monkeypatch.setenv("OLMOCR_LOW_PRIORITY_NICE", "0")
+    assert (batching_rule({}, request, LOW).min_waves, render_nice(LOW)) == (3, 0)
+    monkeypatch.setenv("OLMOCR_LOW_PRIORITY_NICE", "25")
+    with pytest.raises(ConfigurationError, match="OLMOCR_LOW_PRIORITY_NICE"):
+        render_nice(LOW)

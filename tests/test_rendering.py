@@ -442,6 +442,28 @@ def test_close_stops_workers_and_is_idempotent(tmp_path: Path) -> None:
     assert len(pids) == 2 and all(_gone(pid) for pid in pids)
 
 
+def test_niced_workers_render_at_a_lower_priority_than_their_parent(tmp_path: Path) -> None:
+    """A low-priority run's render workers yield the CPU; the converting process keeps its own niceness."""
+    path = write(tmp_path, "doc.pdf", pdfgen.text_pdf(1, 1))
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+
+    async def body() -> tuple[list[int], list[int]]:
+        niced, plain = RenderPool(workers=1, nice=7), RenderPool(workers=1)
+        async with niced, plain:
+            await niced.render_page(path, 0)
+            await plain.render_page(path, 0)
+            return (
+                [os.getpriority(os.PRIO_PROCESS, pid) for pid in niced.worker_pids()],
+                [os.getpriority(os.PRIO_PROCESS, pid) for pid in plain.worker_pids()],
+            )
+
+    niced, plain = asyncio.run(body())
+    assert niced == [min(own + 7, 19)] and plain == [own]
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own
+    with pytest.raises(ValueError, match="nice"):
+        RenderPool(workers=1, nice=-1)
+
+
 # -- documents, memory, concurrency ----------------------------------------------------------------------
 
 

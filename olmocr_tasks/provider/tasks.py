@@ -49,7 +49,13 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from olmocr_tasks.access import check_run_allowed
-from olmocr_tasks.batching import DEFAULT_BYTES_PER_PAGE, DEFAULT_PARALLEL, BatchingRule, pack_batches
+from olmocr_tasks.batching import (
+    DEFAULT_BYTES_PER_PAGE,
+    DEFAULT_PARALLEL,
+    LOW_CLASS_MIN_WAVES,
+    BatchingRule,
+    pack_batches,
+)
 from olmocr_tasks.config import ConversionSettings, positive_number
 from olmocr_tasks.errors import ConfigurationError, ServerMisconfigured
 from olmocr_tasks.pipeline import (
@@ -61,7 +67,7 @@ from olmocr_tasks.pipeline import (
     publish_manifest,
     remember_not_converted,
 )
-from olmocr_tasks.priority import VLLM_PRIORITY, run_class
+from olmocr_tasks.priority import LOW, RENDER_NICE, VLLM_PRIORITY, run_class
 from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.hooks import VllmHook, storage_for
 from olmocr_tasks.provider.lineage import report_converted, report_published
@@ -161,13 +167,14 @@ def build_request(
             float(params.get("lookback_intervals", 1)),
         )
     hook = VllmHook(DEFAULT_CONN_ID)
-    priority_class = run_class(_value(context["dag_run"].run_type), params, names_documents=documents is not None)
+    priority_class = run_priority_class(context, documents)
     settings = ConversionSettings(
         server=hook.server_settings(
             max_concurrent_requests=params.get("max_concurrent_requests"), priority=VLLM_PRIORITY[priority_class]
         ),
         max_page_error_rate=float(params.get("max_page_error_rate", 0.004)),
         gpu_hour_price=hook.gpu_hour_price(),
+        render_nice=render_nice(priority_class),
     )
     return RunRequest(
         input_uri=input_uri,
@@ -188,6 +195,24 @@ def build_request(
         run_time=run_time(context),
         claim_expiry_s=_claim_expiry_setting(),
     )
+
+
+def run_priority_class(context: Mapping[str, Any], documents: Sequence[str] | None = None) -> str:
+    """This run's priority class (``olmocr_tasks.priority``); ``documents`` as given to build_request."""
+    params = context["params"]
+    if documents is None:
+        documents = params.get("documents")
+    return run_class(_value(context["dag_run"].run_type), params, names_documents=documents is not None)
+
+
+def render_nice(priority_class: str) -> int:
+    """Niceness added to the render workers of a run of ``priority_class`` (``OLMOCR_LOW_PRIORITY_NICE``)."""
+    if priority_class != LOW:
+        return RENDER_NICE[priority_class]
+    value = _env_int("OLMOCR_LOW_PRIORITY_NICE", RENDER_NICE[LOW])
+    if not 0 <= value <= 19:
+        raise ConfigurationError(f"OLMOCR_LOW_PRIORITY_NICE must be within 0..19, not {value}")
+    return value
 
 
 def schedule_interval(context: Mapping[str, Any]) -> timedelta:
@@ -280,12 +305,14 @@ def _env_int(name: str, default: int) -> int:
         raise ConfigurationError(f"{name} must be a whole number, not {raw!r}") from None
 
 
-def batching_rule(params: Mapping[str, Any], request: RunRequest) -> BatchingRule:
+def batching_rule(params: Mapping[str, Any], request: RunRequest, priority_class: str | None = None) -> BatchingRule:
     """How this run's documents are packed into convert instances (``olmocr_tasks.batching``).
 
     ``batch_pages`` (Param, default ``OLMOCR_BATCH_PAGES``, else the request window of a convert task);
     ``OLMOCR_CONVERT_SLOTS``: convert instances that run at once (the pool's slots, at most workers times
-    worker concurrency); ``OLMOCR_BYTES_PER_PAGE``: the page estimate from listed sizes.
+    worker concurrency); ``OLMOCR_BYTES_PER_PAGE``: the page estimate from listed sizes. A low-priority
+    run is cut into at least ``OLMOCR_LOW_CLASS_WAVES`` waves (default ``LOW_CLASS_MIN_WAVES``) of short
+    instances, so that it never holds the pool's slots for long (README "Priority classes").
     """
     min_pages = params.get("batch_pages") or _env_int("OLMOCR_BATCH_PAGES", 0)
     try:
@@ -294,6 +321,7 @@ def batching_rule(params: Mapping[str, Any], request: RunRequest) -> BatchingRul
             parallel=_env_int("OLMOCR_CONVERT_SLOTS", DEFAULT_PARALLEL),
             max_batches=max_map_length(),
             bytes_per_page=_env_int("OLMOCR_BYTES_PER_PAGE", DEFAULT_BYTES_PER_PAGE),
+            min_waves=_env_int("OLMOCR_LOW_CLASS_WAVES", LOW_CLASS_MIN_WAVES) if priority_class == LOW else 1,
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
@@ -329,7 +357,7 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
         request = build_request(context, documents, planning=True)
         # Before any read or write: Params, documents and event keys inside the deployment's allow-list.
         check_run_allowed(request.input_uri, request.output_uri, request.documents)
-        rule = batching_rule(context["params"], request)
+        rule = batching_rule(context["params"], request, run_priority_class(context, documents))
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
     served = context["ti"].xcom_pull(task_ids="check_server")
