@@ -12,10 +12,12 @@ concurrency):
   ``n = S * max(min_waves, P // (S * min_pages))``, so no instance runs alone after the others
   finished; a small run (``P < S * min_pages``) still spreads over all ``S`` slots, so every worker
   renders;
-* ``min_waves`` (default 1) is raised for low-priority runs (``LOW_CLASS_MIN_WAVES``): each of their
-  instances then holds a slot for at most about ``1 / (S * min_waves)`` of the run, so slots turn over
-  often and a high-priority instance, queued first by its weight, gets the next one within seconds
-  rather than after a backfill's long instance (``olmocr_tasks.priority``, README "Priority classes");
+* ``min_waves`` (default 1) is raised for low-priority runs (``LOW_CLASS_MIN_WAVES``, ``W``): such a
+  run gets up to ``W`` waves, as many as give each instance at least ``min_pages / W`` pages, so each
+  instance holds a slot for about ``1 / (S * W)`` of the run, slots turn over often, and a high-priority
+  instance, queued first by its weight, gets the next one within seconds rather than after a
+  backfill's long instance (``olmocr_tasks.priority``, README "Priority classes"); a run big enough
+  for ``W`` waves of ``min_pages`` is cut as any other;
 * each instance's target is ``P / n`` pages: a document of at least that many pages gets its own
   instance, smaller ones are packed in discovery order, each pack cut where its pages come closest to
   the target (or at ``max_documents`` documents);
@@ -39,8 +41,8 @@ from olmocr_tasks.runs import SourceDocument
 # pages, i.e. towards more (smaller) instances, which costs start-up time but never starves the server.
 DEFAULT_BYTES_PER_PAGE = 64 * 1024
 DEFAULT_PARALLEL = 4
-# Waves of a low-priority run: 8 cuts a run into at least 8 * S instances. With S = 2 and a run of 1,000
-# pages at 16 pages/s an instance holds its slot ~4 s instead of the whole minute; each instance costs
+# Waves of a low-priority run: up to 8 * S instances of at least min_pages / 8 pages. With S = 2 and a run
+# of 1,000 pages at 16 pages/s an instance holds its slot ~4 s instead of the whole minute; each costs
 # its Airflow start-up, which overlaps the other slots' work (bench/priority.py measures what the big run loses).
 LOW_CLASS_MIN_WAVES = 8
 
@@ -66,7 +68,12 @@ class BatchingRule:
 
     def target_pages(self, total_pages: int) -> float:
         """Pages one instance should get for a run of ``total_pages``: a whole number of waves."""
-        waves = max(self.min_waves, total_pages // (self.parallel * self.min_pages))
+        waves = max(1, total_pages // (self.parallel * self.min_pages))
+        if self.min_waves > 1:
+            # More waves, but instances no shorter than a min_waves-th of min_pages: a small run is not
+            # cut into instances that each pay Airflow's start-up for a page or two.
+            shortest = math.ceil(self.min_pages / self.min_waves)
+            waves = max(waves, min(self.min_waves, total_pages // (self.parallel * shortest)))
         instances = min(self.parallel * waves, self.max_batches, max(1, total_pages))
         return total_pages / instances
 

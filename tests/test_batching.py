@@ -80,6 +80,11 @@ def test_a_low_priority_run_is_cut_into_more_waves_of_short_instances() -> None:
     assert len(batches) == 2 * LOW_CLASS_MIN_WAVES
     assert _shape(batches) == [8] * 16  # each a sixteenth of the run
     assert sorted(source.uri for batch in batches for source in batch) == [source.uri for source in sources]
+    # A small run is not cut into instances of a page or two, each paying Airflow's start-up.
+    small = _documents(*[1] * 24)
+    assert (
+        _shape(pack_batches(small, BatchingRule(min_pages=64, parallel=4, bytes_per_page=PAGE, min_waves=8))) == [6] * 4
+    )
     many = _documents(*[4] * 1000)  # 4,000 pages: 31 waves of 64-page instances, above the floor
     assert len(pack_batches(many, low)) == len(pack_batches(many, normal))
     with pytest.raises(ValueError, match="min_waves"):
