@@ -330,7 +330,9 @@ def stale_claims(
 
     Returned first claims first: deleting a chain's first claim makes the rest unreachable at once, so
     a run claiming the document meanwhile starts a fresh chain (new random tokens, new successor
-    names) rather than walking into keys being deleted. ``cutoff`` (the retention period) is what
+    names) rather than walking into keys being deleted; a run that had read the first claim just before
+    may still take over into a key no later run reaches, so that version can be converted twice, never
+    recorded wrongly (the release of a take-over has the same window). ``cutoff`` (the retention period) is what
     stands between a removed take-over key and the holder it fenced: that holder would have to stay
     frozen for the whole period and then resume to record an outcome the take-over already recorded.
     """
