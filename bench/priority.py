@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -104,7 +105,7 @@ def _span(start: str | None, end: str | None) -> float | None:
     return None if start is None or end is None else round((_at(end) - _at(start)).total_seconds(), 2)
 
 
-def breakdown(api: Any, server: Any, urgent: dict[str, Any], big_id: str, since_seq: int) -> dict[str, Any]:
+def breakdown(api: Any, server: Any, urgent: dict[str, Any], big_id: str | None, since_seq: int) -> dict[str, Any]:
     """Where the one-page run's time went: per task instance, its page at the server, the big run's slots."""
     tis = sorted(api.task_instances(DAG_ID, urgent["dag_run_id"]), key=lambda ti: ti["start_date"] or "")
     tasks, previous_end = [], urgent["start_date"]
@@ -125,6 +126,9 @@ def breakdown(api: Any, server: Any, urgent: dict[str, Any], big_id: str, since_
         page = min(pages, key=lambda r: r["seq"])
         result["page_server_queue_s"] = round(page["started"] - page["queued"], 3)
         result["page_answer_s"] = round(page["finished"] - page["started"], 3)
+    result["load_average"] = round(os.getloadavg()[0], 2)  # the machine is shared: how busy it was
+    if big_id is None:
+        return result
     big = _converts(api, big_id)
     held = [_span(ti["start_date"], ti["end_date"]) for ti in big if ti["start_date"] and ti["end_date"]]
     result["big_instances"] = len(big)
@@ -139,6 +143,12 @@ def breakdown(api: Any, server: Any, urgent: dict[str, Any], big_id: str, since_
     ]
     result["big_slots_held_at_ready_s"] = sorted(round(value, 2) for value in remaining)
     return result
+
+
+def _idle_run(api: Any, server: Any, work: Path, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    since_seq = int(server.stats()["total"])
+    run = _finished(api, _trigger(api, _urgent_conf(work, name, "auto")))
+    return run, breakdown(api, server, run, None, since_seq)
 
 
 def beside_big_run(api: Any, server: Any, corpus: Corpus, work: Path, name: str, urgent_class: str) -> dict[str, Any]:
@@ -168,9 +178,13 @@ def _describe(found: dict[str, Any]) -> str:
         "",
         f"after the last task {found['after_last_task_s']} s; its page waited "
         f"{found.get('page_server_queue_s')} s in the server's queue, answered in {found.get('page_answer_s')} s; "
-        f"the big run ran {found['big_instances']} convert instances holding a slot {found['big_instance_s']} s; "
-        f"those holding one when the urgent instance became ready: {found['big_slots_held_at_ready_s']} s more",
+        f"load average {found['load_average']}",
     ]
+    if "big_instances" in found:
+        lines[-1] += (
+            f"; the big run ran {found['big_instances']} convert instances holding a slot {found['big_instance_s']} s;"
+            f" those holding one when the urgent instance became ready: {found['big_slots_held_at_ready_s']} s more"
+        )
     return "\n".join(lines)
 
 
@@ -221,11 +235,13 @@ def main(argv: list[str] | None = None) -> int:
             results["reserved_pool_slots"] = args.reserved_pool
             # A fresh deployment's first runs pay for warming up (workers importing, DAG parsing): not counted.
             _finished(api, _trigger(api, _urgent_conf(work, "warm-up", "auto")))
-            idle = [_seconds(_finished(api, _trigger(api, _urgent_conf(work, "idle-1", "auto"))))]
+            idle_runs = [_idle_run(api, server, work, "idle-1")]
             results["big_alone_s"] = round(_seconds(_finished(api, _trigger(api, _big_conf(corpus, work, "alone")))), 2)
             results["classes_on"] = beside_big_run(api, server, corpus, work, "on", "auto")
             results["classes_off"] = beside_big_run(api, server, corpus, work, "off", "low")
-            idle.append(_seconds(_finished(api, _trigger(api, _urgent_conf(work, "idle-2", "auto")))))
+            idle_runs.append(_idle_run(api, server, work, "idle-2"))
+            idle = [_seconds(run) for run, _ in idle_runs]
+            results["idle_breakdowns"] = [found for _, found in idle_runs]
             # Idle before and after the big runs: their mean is the reference.
             results["idle_urgent_runs_s"] = [round(value, 2) for value in idle]
             results["idle_urgent_s"] = round(sum(idle) / len(idle), 2)
@@ -251,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             f"| {label} | {row['urgent_s']} | {row['urgent_s'] / idle:.2f} | {row['big_s']} | "
             f"{alone / row['big_s']:.3f} |"
         )
+    lines += ["", "Where the one-page run's time went, idle (first reference run):", ""]
+    lines.append(_describe(results["idle_breakdowns"][0]))
     for label, key in (("class high", "classes_on"), ("class low", "classes_off")):
         lines += ["", f"Where the one-page run's time went ({label}):", "", _describe(results[key]["breakdown"])]
     print("\n".join(lines))
