@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from bench.common import MODEL, VENV_BIN, Row, fresh_dir, subprocess_env
 from bench.corpus import Corpus
 from bench.measure import run_measured
+from olmocr_tasks.manifest_reader import open_manifest
 
 
 def read_manifest(output: Path) -> dict[str, Any] | None:
     """The run manifest under ``output/manifests/`` (one run per output folder here)."""
     found = sorted((output / "manifests").glob("*.json")) if (output / "manifests").is_dir() else []
-    return json.loads(found[-1].read_text()) if found else None
+    return open_manifest(str(found[-1])).summary if found else None
 
 
 def manifest_check(manifest: dict[str, Any] | None, corpus: Corpus) -> tuple[bool, str, dict[str, Any]]:

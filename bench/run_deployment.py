@@ -31,6 +31,7 @@ from bench.common import MODEL, RESULTS_DIR, SERVER_BOUND, fresh_dir, standin
 from bench.corpus import CORPUS_ROOT, Corpus, mixed_corpus
 from bench.run_cli import manifest_check, measure_cli
 from olmocr_tasks.manifest import manifest_uri
+from olmocr_tasks.manifest_reader import open_manifest
 
 DAG_ID = "olmocr_ingest"
 
@@ -83,7 +84,7 @@ def measure_deployment(api: Any, corpus: Corpus, output: Path) -> dict[str, Any]
         time.sleep(0.5)
     wall = time.monotonic() - started
     run = api.wait_for_run(DAG_ID, run_id, timeout=1800)
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
+    manifest = open_manifest(str(manifest_path)).summary if manifest_path.exists() else None
     ok, note, details = manifest_check(manifest, corpus)
     instances = [ti for ti in api.task_instances(DAG_ID, run_id) if ti["task_id"] == "convert"]
     return {

@@ -9,6 +9,7 @@ usage error (Tesseract or vLLM missing, an unset ``--api-key-env``), 1 when they
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -16,6 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from secrets import token_hex
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from olmocr_tasks import __version__
@@ -28,9 +30,12 @@ from olmocr_tasks.cpu_engine import (
     create_cpu_engine,
 )
 from olmocr_tasks.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
-from olmocr_tasks.manifest import SKIP_CLAIMED, SKIP_RETRY_LATER, Manifest
+from olmocr_tasks.manifest import SKIP_CLAIMED, SKIP_RETRY_LATER
 from olmocr_tasks.redaction import environment_secrets, install_log_redaction, redact_text
 from olmocr_tasks.vllm_launcher import VllmOptions, VllmSupervisor
+
+if TYPE_CHECKING:
+    from olmocr_tasks.manifest_reader import ManifestReader
 
 EXIT_OK, EXIT_FAILED_DOCUMENTS, EXIT_USAGE, EXIT_SERVER, EXIT_STORAGE = 0, 1, 2, 3, 4
 
@@ -258,6 +263,45 @@ def _dead_letters(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_manifest_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "manifest",
+        help="print a run's manifest summary, or stream its documents",
+        description="Print the summary of a run's manifest (counts, metrics, error budget, cost, shards) as "
+        "JSON; with --documents stream every document entry as JSON Lines instead, one object per line, "
+        "whatever the manifest's layout (entries in shards or, before schema 3, inline). The stable way "
+        "for scripts and jq to read a run.",
+    )
+    parser.add_argument("output", help="the run's output location: a local folder or s3://bucket/prefix")
+    parser.add_argument("run_id", help="the run id (the name of manifests/<run-id>.json)")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--documents", action="store_true", help="stream every document entry as JSON Lines")
+    what.add_argument("--dead-letters", action="store_true", help="stream the run's dead letters as JSON Lines")
+    parser.set_defaults(func=_manifest)
+
+
+def _manifest(args: argparse.Namespace) -> int:
+    from olmocr_tasks.manifest_reader import read_manifest
+    from olmocr_tasks.storage import Storage
+
+    output_uri = args.output if "://" in args.output else os.path.abspath(args.output)
+    manifest = read_manifest(Storage(), output_uri, args.run_id)
+    if manifest is None:
+        raise ConfigurationError(f"no published manifest for run {args.run_id!r} under {output_uri}")
+    if not (args.documents or args.dead_letters):
+        print(json.dumps(manifest.summary, indent=1, ensure_ascii=False))
+        return EXIT_OK
+    entries = manifest.iter_documents() if args.documents else manifest.iter_dead_letters()
+    try:
+        for entry in entries:
+            sys.stdout.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped early (``| head``): not an error. Python would complain at exit otherwise.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_OK
+
+
 def _add_clean_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "clean",
@@ -290,7 +334,7 @@ def _clean(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_summary(manifest: Manifest, uri: str) -> None:
+def _print_summary(manifest: ManifestReader, uri: str) -> None:
     counts = manifest.counts()
     metrics = manifest.metrics()
     print(
@@ -298,7 +342,7 @@ def _print_summary(manifest: Manifest, uri: str) -> None:
         f"already converted {counts['already_converted']}, dead letters {counts['dead_letters']}; "
         f"{counts['pages']} pages ({counts['fallback_pages']} fallback) at {metrics['pages_per_second']} pages/s"
     )
-    for doc in manifest.documents:
+    for doc in manifest.iter_entries():  # streamed: a big run's entries are never all in memory
         if doc.status == "failed":
             again = " (re-driven)" if doc.redriven else ""
             print(f"  failed{again}: {doc.source}: {doc.error_class}: {doc.error}")
@@ -487,6 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_convert_parser(subparsers)
     _add_dead_letters_parser(subparsers)
+    _add_manifest_parser(subparsers)
     _add_clean_parser(subparsers)
     _add_serve_cpu_parser(subparsers)
     _add_serve_vllm_parser(subparsers)

@@ -1,15 +1,27 @@
-"""The run manifest: one JSON object per run, written last under ``OUTPUT/manifests/<run-id>.json``.
+"""The run manifest: a small summary per run, written last under ``OUTPUT/manifests/<run-id>.json``.
 
-It is the run's commit marker: a reader that sees a manifest can trust every output it names. The
-schema is versioned (``schema_version``) and published as ``olmocr_tasks/schemas/manifest.schema.json``.
+The summary (counts, metrics, error budget, cost) stays bounded whatever the run's size; the
+per-document entries go to gzip-compressed JSON Lines *shards* under
+``OUTPUT/manifests/<run-id>/<publish-id>/`` (``documents-00000.jsonl.gz``, ``dead-letters-00000.jsonl.gz``),
+which the summary names under ``entries``. ``ManifestWriter`` writes the shards first and the summary
+last, so the summary stays the run's commit marker: a reader that sees it can trust every output and
+every shard it names. Each publish writes under a fresh publish id, so republishing a run never
+rewrites a shard an earlier summary names. Read manifests through ``olmocr_tasks.manifest_reader``
+(old single-file manifests, entries inline, read the same way). The schema is versioned
+(``schema_version``) and published as ``olmocr_tasks/schemas/manifest.schema.json``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import io
 import json
 import re
+import secrets
 import statistics
+from array import array
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,12 +29,21 @@ from typing import Any, Literal
 
 from olmocr_tasks.gpu_busy import GpuBusy
 from olmocr_tasks.results import DocumentTotals
+from olmocr_tasks.storage import Storage
 
 # 2: per-document ``redriven``, ``claimed_by`` and ``retry_from``; counts ``redriven``,
-# ``redriven_failed``, ``claimed``, ``retry_later``, ``judged`` and ``judged_failed``. Version 1
-# manifests still read (the new fields take their defaults).
-SCHEMA_VERSION = 2
+# ``redriven_failed``, ``claimed``, ``retry_later``, ``judged`` and ``judged_failed``.
+# 3: entries in shards named by ``entries`` (no inline ``documents``/``dead_letters``), ``error_classes``.
+# Versions 1 and 2 still read (the new fields take their defaults).
+SCHEMA_VERSION = 3
 MANIFESTS_DIR = "manifests"
+# Entries per shard: a shard of one-page documents is about 1.5 MB compressed, and a run of a million
+# documents names 100 shards (about 10 KB of the summary).
+SHARD_ENTRIES = 10_000
+DOCUMENTS_KIND = "documents"
+DEAD_LETTERS_KIND = "dead_letters"
+_SHARD_NAMES = {DOCUMENTS_KIND: "documents", DEAD_LETTERS_KIND: "dead-letters"}
+SHARD_SUFFIX = ".jsonl.gz"
 
 Status = Literal["converted", "failed", "skipped"]
 
@@ -52,6 +73,11 @@ def safe_run_id(run_id: str) -> str:
 
 def manifest_uri(output_uri: str, run_id: str) -> str:
     return f"{output_uri.rstrip('/')}/{MANIFESTS_DIR}/{safe_run_id(run_id)}.json"
+
+
+def shards_prefix_uri(summary_uri: str) -> str:
+    """The folder of a run's shards: next to its summary, named like it (``manifests/<run-id>/``)."""
+    return summary_uri.removesuffix(".json") + "/"
 
 
 @dataclass
@@ -115,8 +141,88 @@ class DocumentEntry:
         return cls(**{key: value for key, value in data.items() if key in known})
 
 
+class RunTotals:
+    """What a manifest's counts and metrics are made of, folded one entry at a time.
+
+    Writers add entries as they stream them to shards and never keep the entries themselves: only the
+    counts, each converted page's latency (8 bytes in an array, for exact percentiles) and the small
+    histograms. A summary read back carries its stored percentiles instead of the latencies.
+    """
+
+    def __init__(self) -> None:
+        self.counts = _empty_counts()
+        self.latencies = array("d")
+        self.histogram: Counter[str] = Counter()
+        self.error_classes: Counter[str] = Counter()
+        # Read back from a summary: (p50, p95) as written, since its latencies are not stored.
+        self.stored_percentiles: tuple[float | None, float | None] | None = None
+
+    @classmethod
+    def of(cls, documents: Iterable[DocumentEntry]) -> RunTotals:
+        totals = cls()
+        for doc in documents:
+            totals.add(doc)
+        return totals
+
+    @classmethod
+    def from_summary(cls, data: dict[str, Any]) -> RunTotals:
+        """The totals a schema 3 summary recorded (its entries are in shards, not needed here)."""
+        totals = cls()
+        stored = data.get("counts") or {}
+        totals.counts.update({key: value for key, value in stored.items() if key in totals.counts})
+        metrics = data.get("metrics") or {}
+        totals.histogram.update(metrics.get("accepted_attempt_histogram") or {})
+        totals.error_classes.update(data.get("error_classes") or {})
+        totals.stored_percentiles = (metrics.get("latency_p50_s"), metrics.get("latency_p95_s"))
+        return totals
+
+    def add(self, doc: DocumentEntry) -> None:
+        """Fold one entry. Pages and accepted tokens count converted documents only (what the outputs
+        hold); server tokens, attempts and hedged requests count every document (what the server spent)."""
+        counts = self.counts
+        counts["documents"] += 1
+        counts[doc.status] += 1
+        if doc.status == "converted":
+            counts["pages"] += doc.pages
+            counts["fallback_pages"] += doc.fallback_pages
+            counts["input_tokens"] += doc.input_tokens
+            counts["output_tokens"] += doc.output_tokens
+        elif doc.status == "failed":
+            self.error_classes[doc.error_class or "unknown"] += 1
+        counts["server_input_tokens"] += doc.server_input_tokens
+        counts["server_output_tokens"] += doc.server_output_tokens
+        counts["attempts"] += doc.attempts
+        counts["hedged"] += doc.hedged
+        counts[NOT_CONVERTED] += doc.error_class == NOT_CONVERTED
+        left_for_later = doc.status == "skipped" and doc.skip_reason in LEFT_FOR_LATER
+        if left_for_later:
+            counts[doc.skip_reason or ""] += 1
+        if doc.redriven:
+            counts["redriven"] += 1
+            counts["redriven_failed"] += doc.status == "failed"
+        elif not left_for_later:
+            # What the error budget judges: the run's own documents that it really tried.
+            counts["judged"] += 1
+            counts["judged_failed"] += doc.status == "failed"
+        self.latencies.extend(doc.page_latencies_s)
+        self.histogram.update(doc.accepted_attempt_histogram)
+
+    def percentiles(self) -> tuple[float | None, float | None]:
+        if self.stored_percentiles is not None:
+            return self.stored_percentiles
+        latencies = sorted(self.latencies)
+        return _percentile(latencies, 50), _percentile(latencies, 95)
+
+    def sorted_error_classes(self) -> dict[str, int]:
+        """Failed documents per error class, most frequent first (the failure report's order)."""
+        return dict(sorted(self.error_classes.items(), key=lambda item: (-item[1], item[0])))
+
+
 @dataclass
 class Manifest:
+    """A run's summary. Built from inline ``documents`` (small runs, tests) or from the ``totals`` a
+    ``ManifestWriter`` folded while it streamed the entries to shards (``entries`` then names them)."""
+
     run_id: str
     started_at: str
     finished_at: str
@@ -127,7 +233,7 @@ class Manifest:
     settings: dict[str, Any]
     input_uri: str
     output_uri: str
-    documents: list[DocumentEntry]
+    documents: list[DocumentEntry] = field(default_factory=list)
     dead_letters: list[DocumentEntry] = field(default_factory=list)
     already_converted: int = 0
     gpu_hour_price: float | None = None
@@ -138,13 +244,18 @@ class Manifest:
     # Set by the Airflow publish task: the DAG run (id, type, data interval) this manifest belongs to.
     airflow_run: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
+    # Folded by a ``ManifestWriter`` (or read back from a summary); None: fold ``documents``.
+    totals: RunTotals | None = None
+    dead_letter_count: int | None = None
+    # The shards holding the entries (set by ``ManifestWriter.commit``); None: inline entries.
+    entries: dict[str, Any] | None = None
+
+    def _totals(self) -> RunTotals:
+        return self.totals if self.totals is not None else RunTotals.of(self.documents)
 
     def counts(self) -> dict[str, int]:
-        return {
-            **count_entries(self.documents),
-            "dead_letters": len(self.dead_letters),
-            "already_converted": self.already_converted,
-        }
+        dead_letters = self.dead_letter_count if self.dead_letter_count is not None else len(self.dead_letters)
+        return {**self._totals().counts, "dead_letters": dead_letters, "already_converted": self.already_converted}
 
     def judge_error_budget(self, max_document_error_rate: float) -> dict[str, Any]:
         """Record (in ``error_budget``) and return whether this run counts as failed, and why.
@@ -160,20 +271,17 @@ class Manifest:
 
     def metrics(self) -> dict[str, Any]:
         counts = self.counts()
+        totals = self._totals()
         elapsed = max(_seconds_between(self.started_at, self.finished_at), 1e-9)
-        latencies = sorted(lat for doc in self.documents for lat in doc.page_latencies_s)
-        histogram: dict[str, int] = {}
-        for doc in self.documents:
-            for attempt, n in doc.accepted_attempt_histogram.items():
-                histogram[attempt] = histogram.get(attempt, 0) + n
+        p50, p95 = totals.percentiles()
         pages = counts["pages"]
         metrics: dict[str, Any] = {
             "elapsed_s": round(elapsed, 3),
             "pages_per_second": round(pages / elapsed, 3),
             "fallback_rate": round(counts["fallback_pages"] / pages, 6) if pages else 0.0,
-            "latency_p50_s": _percentile(latencies, 50),
-            "latency_p95_s": _percentile(latencies, 95),
-            "accepted_attempt_histogram": dict(sorted(histogram.items(), key=lambda kv: _attempt_key(kv[0]))),
+            "latency_p50_s": p50,
+            "latency_p95_s": p95,
+            "accepted_attempt_histogram": dict(sorted(totals.histogram.items(), key=lambda kv: _attempt_key(kv[0]))),
             "output_tokens_per_page": round(counts["output_tokens"] / pages, 1) if pages else 0.0,
         }
         metrics["cost"] = self._cost_estimate(elapsed, pages)
@@ -203,7 +311,9 @@ class Manifest:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The summary; with inline entries (``entries`` None: never written through a writer) also
+        ``documents`` and ``dead_letters``, the shape schema 1 and 2 manifests had."""
+        data: dict[str, Any] = {
             "schema_version": self.schema_version,
             "run_id": self.run_id,
             "started_at": self.started_at,
@@ -217,18 +327,26 @@ class Manifest:
             "settings": self.settings,
             "counts": self.counts(),
             "metrics": self.metrics(),
+            "error_classes": self._totals().sorted_error_classes(),
             "gpu_busy": self.gpu_busy and self.gpu_busy.to_dict(),
             "error_budget": self.error_budget,
             "airflow_run": self.airflow_run,
-            "documents": [doc.to_dict() for doc in self.documents],
-            "dead_letters": [doc.to_dict() for doc in self.dead_letters],
         }
+        if self.entries is not None:
+            data["entries"] = self.entries
+        else:
+            data["documents"] = [doc.to_dict() for doc in self.documents]
+            data["dead_letters"] = [doc.to_dict() for doc in self.dead_letters]
+        return data
 
     def to_json(self) -> bytes:
         return json.dumps(self.to_dict(), indent=1, ensure_ascii=False).encode("utf-8")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        """A manifest from its JSON: inline entries (schema 1, 2) are kept; a sharded summary keeps its
+        stored totals (read its entries with ``olmocr_tasks.manifest_reader``)."""
+        sharded = "entries" in data and "documents" not in data
         return cls(
             run_id=data["run_id"],
             started_at=data["started_at"],
@@ -248,46 +366,114 @@ class Manifest:
             error_budget=data.get("error_budget"),
             airflow_run=data.get("airflow_run"),
             schema_version=data.get("schema_version", SCHEMA_VERSION),
+            totals=RunTotals.from_summary(data) if sharded else None,
+            dead_letter_count=data.get("counts", {}).get("dead_letters", 0) if sharded else None,
+            entries=data.get("entries") if sharded else None,
         )
 
 
-def count_entries(documents: Iterable[DocumentEntry]) -> dict[str, int]:
-    """The totals of a set of entries: a run's (``Manifest.counts``) or one batch's (its XCom summary).
+def _empty_counts() -> dict[str, int]:
+    keys = ("documents", "converted", "failed", "skipped", "pages", "fallback_pages", "input_tokens", "output_tokens")
+    keys += ("server_input_tokens", "server_output_tokens", "attempts", "hedged", NOT_CONVERTED)
+    keys += ("redriven", "redriven_failed", SKIP_CLAIMED, SKIP_RETRY_LATER, "judged", "judged_failed")
+    return dict.fromkeys(keys, 0)
 
-    Pages and accepted tokens count converted documents only (what the outputs hold); server tokens,
-    attempts and hedged requests count every document (what the server spent).
+
+def count_entries(documents: Iterable[DocumentEntry]) -> dict[str, int]:
+    """The totals of a set of entries: a run's (``Manifest.counts``) or one batch's (its XCom summary)."""
+    return RunTotals.of(documents).counts
+
+
+class _ShardStream:
+    """One kind of entry (documents or dead letters) going to numbered shards, one open at a time.
+
+    Lines are compressed as they come, so an open shard costs its compressed bytes only.
     """
-    counts = dict.fromkeys(
-        ("documents", "converted", "failed", "skipped", "pages", "fallback_pages", "input_tokens", "output_tokens"), 0
-    )
-    counts |= dict.fromkeys(("server_input_tokens", "server_output_tokens", "attempts", "hedged", NOT_CONVERTED), 0)
-    counts |= dict.fromkeys(
-        ("redriven", "redriven_failed", SKIP_CLAIMED, SKIP_RETRY_LATER, "judged", "judged_failed"), 0
-    )
-    for doc in documents:
-        counts["documents"] += 1
-        counts[doc.status] += 1
-        if doc.status == "converted":
-            counts["pages"] += doc.pages
-            counts["fallback_pages"] += doc.fallback_pages
-            counts["input_tokens"] += doc.input_tokens
-            counts["output_tokens"] += doc.output_tokens
-        counts["server_input_tokens"] += doc.server_input_tokens
-        counts["server_output_tokens"] += doc.server_output_tokens
-        counts["attempts"] += doc.attempts
-        counts["hedged"] += doc.hedged
-        counts[NOT_CONVERTED] += doc.error_class == NOT_CONVERTED
-        left_for_later = doc.status == "skipped" and doc.skip_reason in LEFT_FOR_LATER
-        if left_for_later:
-            counts[doc.skip_reason or ""] += 1
-        if doc.redriven:
-            counts["redriven"] += 1
-            counts["redriven_failed"] += doc.status == "failed"
-        elif not left_for_later:
-            # What the error budget judges: the run's own documents that it really tried.
-            counts["judged"] += 1
-            counts["judged_failed"] += doc.status == "failed"
-    return counts
+
+    def __init__(self, writer: ManifestWriter, kind: str) -> None:
+        self.writer = writer
+        self.kind = kind
+        self.shards: list[dict[str, Any]] = []
+        self.count = 0
+        self._buffer: io.BytesIO | None = None
+        self._gzip: gzip.GzipFile | None = None
+        self._open_entries = 0
+
+    def add(self, entry: DocumentEntry) -> None:
+        if self._gzip is None:
+            self._buffer = io.BytesIO()
+            # mtime 0: the same entries make the same bytes.
+            self._gzip = gzip.GzipFile(fileobj=self._buffer, mode="wb", mtime=0)
+        self._gzip.write(json.dumps(entry.to_dict(), ensure_ascii=False).encode("utf-8") + b"\n")
+        self._open_entries += 1
+        self.count += 1
+        if self._open_entries >= self.writer.shard_entries:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._gzip is None or self._buffer is None:
+            return
+        self._gzip.close()
+        data = self._buffer.getvalue()
+        name = f"{self.writer.publish_id}/{_SHARD_NAMES[self.kind]}-{len(self.shards):05d}{SHARD_SUFFIX}"
+        self.writer.storage.write_bytes_atomic(self.writer.shards_uri + name, data, content_type="application/gzip")
+        self.shards.append({"path": name, "entries": self._open_entries, "bytes": len(data)})
+        self._buffer, self._gzip, self._open_entries = None, None, 0
+
+
+class ManifestWriter:
+    """Streams a run's entries to shards and writes its summary last (the commit marker).
+
+    ``add`` and ``add_dead_letter`` fold each entry into ``totals`` and append it to the open shard,
+    which is written once it holds ``shard_entries`` entries; nothing keeps the entries themselves.
+    ``commit`` writes what is left, then the summary naming every shard. A writer that dies before
+    ``commit`` leaves shards no summary names: readers never see them, and ``olmocr_tasks.retention``
+    removes them once they are older than its retention period.
+    """
+
+    def __init__(self, storage: Storage, output_uri: str, run_id: str, *, shard_entries: int = SHARD_ENTRIES) -> None:
+        if shard_entries < 1:
+            raise ValueError("a shard holds at least one entry")
+        self.storage = storage
+        self.shard_entries = shard_entries
+        self.summary_uri = manifest_uri(output_uri, run_id)
+        self.shards_uri = shards_prefix_uri(self.summary_uri)
+        # A fresh folder per publish: republishing a run (a retried or cleared publish task) never
+        # rewrites a shard that the summary already published names.
+        self.publish_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
+        self.totals = RunTotals()
+        self._documents = _ShardStream(self, DOCUMENTS_KIND)
+        self._dead_letters = _ShardStream(self, DEAD_LETTERS_KIND)
+
+    def add(self, entry: DocumentEntry) -> None:
+        self.totals.add(entry)
+        self._documents.add(entry)
+
+    def add_dead_letter(self, entry: DocumentEntry) -> None:
+        self._dead_letters.add(entry)
+
+    def commit(self, manifest: Manifest) -> str:
+        """Write the remaining shards, then ``manifest``'s summary with these totals; returns its URI."""
+        for stream in (self._documents, self._dead_letters):
+            stream.flush()
+        manifest.totals = self.totals
+        manifest.dead_letter_count = self._dead_letters.count
+        manifest.entries = {
+            stream.kind: {"count": stream.count, "shards": stream.shards}
+            for stream in (self._documents, self._dead_letters)
+        }
+        self.storage.write_bytes_atomic(self.summary_uri, manifest.to_json(), content_type="application/json")
+        return self.summary_uri
+
+
+def write_manifest(manifest: Manifest, storage: Storage, *, shard_entries: int = SHARD_ENTRIES) -> str:
+    """Publish a manifest built with inline entries: its entries to shards, then its summary."""
+    writer = ManifestWriter(storage, manifest.output_uri, manifest.run_id, shard_entries=shard_entries)
+    for doc in manifest.documents:
+        writer.add(doc)
+    for doc in manifest.dead_letters:
+        writer.add_dead_letter(doc)
+    return writer.commit(manifest)
 
 
 def error_budget_verdict(counts: dict[str, int], max_document_error_rate: float) -> dict[str, Any]:

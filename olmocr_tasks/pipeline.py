@@ -24,17 +24,21 @@ from olmocr_tasks.config import ConversionSettings
 from olmocr_tasks.conversion import ConversionEngine
 from olmocr_tasks.discovery import MissingSource, iter_pdfs, resolve_explicit
 from olmocr_tasks.errors import ServerMisconfigured
-from olmocr_tasks.gpu_busy import NOTHING_SENT, GpuBusy
+from olmocr_tasks.gpu_busy import NOTHING_SENT, GpuBusy, total_gpu_busy
 from olmocr_tasks.ledger import Ledger, LedgerSnapshot, conversion_key, fingerprint
 from olmocr_tasks.manifest import (
     NOT_CONVERTED,
+    SHARD_ENTRIES,
     SKIP_RETRY_LATER,
     DocumentEntry,
     Manifest,
+    ManifestWriter,
     count_entries,
     manifest_uri,
     utc_now,
+    write_manifest,
 )
+from olmocr_tasks.manifest_reader import ManifestReader
 from olmocr_tasks.outputs import output_stem
 from olmocr_tasks.progress import ProgressReporter
 from olmocr_tasks.protocol import PROMPT_VERSION
@@ -264,16 +268,11 @@ def remember_not_converted(request: RunRequest, storage: Storage, plan: RunPlan,
     """Record each planned document no batch reported as a failure of this run, so later runs re-drive it.
 
     Counted like any failure: a document that keeps taking its batch down becomes a dead letter.
+    (``publish_run`` does the same while it streams, with ``record_not_converted``.)
     """
     lost = {doc.source for doc in manifest.documents if doc.error_class == NOT_CONVERTED}
-    if not lost:
-        return 0
-    ledger = Ledger(request.output_uri, storage, request.conversion_key)
-    for source in plan.sources:
-        if source.uri in lost:
-            ledger.mark_failed(
-                source.info, NOT_CONVERTED, "its batch did not finish", request.run_id, run_time=request.run_time
-            )
+    if lost:
+        _mark_not_converted(request, storage, [source for source in plan.sources if source.uri in lost])
     return len(lost)
 
 
@@ -447,29 +446,10 @@ def not_converted(source: SourceDocument, reason: str) -> DocumentEntry:
     )
 
 
-def build_manifest(
-    request: RunRequest,
-    plan: RunPlan,
-    entries_by_source: dict[str, DocumentEntry],
-    *,
-    gpu_busy: GpuBusy | None = None,
-    finished_at: str | None = None,
+def _manifest_header(
+    request: RunRequest, plan: RunPlan, *, gpu_busy: GpuBusy | None = None, finished_at: str | None = None
 ) -> Manifest:
-    """Merge plan and results; a planned document without a result is recorded as failed.
-
-    ``gpu_busy`` is what the batches measured (``RunFolder.collect_results``); without it, or when some
-    batch did not measure its own, the manifest's cost falls back to the run's wall-clock time.
-    """
-    documents: list[DocumentEntry] = list(plan.unavailable)
-    for source in plan.sources:
-        entry = entries_by_source.get(source.uri)
-        if entry is None:
-            entry = not_converted(
-                source, "its batch did not finish (see the task log); it will be retried by the next run"
-            )
-        entry.redriven = source.redriven
-        documents.append(entry)
-    documents.extend(plan.left_for_later)
+    """The run's manifest without entries: what it was, how it was configured, when it ran."""
     return Manifest(
         run_id=request.run_id,
         started_at=plan.started_at,
@@ -481,23 +461,126 @@ def build_manifest(
         settings=request.settings.public_dict(),
         input_uri=request.input_uri,
         output_uri=request.output_uri,
-        documents=documents,
-        dead_letters=plan.dead_letters,
         already_converted=plan.already_converted,
         gpu_hour_price=request.settings.gpu_hour_price,
         gpu_busy=gpu_busy,
     )
 
 
+def build_manifest(
+    request: RunRequest,
+    plan: RunPlan,
+    entries_by_source: dict[str, DocumentEntry],
+    *,
+    gpu_busy: GpuBusy | None = None,
+    finished_at: str | None = None,
+) -> Manifest:
+    """Merge plan and results in memory; a planned document without a result is recorded as failed.
+
+    For small runs and tests: ``publish_run`` does the same while streaming, holding one batch at a time.
+    ``gpu_busy`` is what the batches measured (``RunFolder.collect_results``); without it, or when some
+    batch did not measure its own, the manifest's cost falls back to the run's wall-clock time.
+    """
+    documents: list[DocumentEntry] = list(plan.unavailable)
+    for source in plan.sources:
+        entry = entries_by_source.get(source.uri)
+        if entry is None:
+            entry = _lost(source)
+        entry.redriven = source.redriven
+        documents.append(entry)
+    documents.extend(plan.left_for_later)
+    manifest = _manifest_header(request, plan, gpu_busy=gpu_busy, finished_at=finished_at)
+    manifest.documents, manifest.dead_letters = documents, plan.dead_letters
+    return manifest
+
+
+def _lost(source: SourceDocument) -> DocumentEntry:
+    return not_converted(source, "its batch did not finish (see the task log); it will be retried by the next run")
+
+
 def publish_manifest(manifest: Manifest, storage: Storage) -> str:
-    uri = manifest_uri(manifest.output_uri, manifest.run_id)
-    storage.write_bytes_atomic(uri, manifest.to_json())
-    return uri
+    """Publish an in-memory manifest: its entries to shards, then its summary (the commit marker)."""
+    return write_manifest(manifest, storage)
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """What ``publish_run`` wrote: the summary (totals, no entries), its URI, and how many planned
+    documents no batch reported (recorded as ``not_converted`` failures)."""
+
+    manifest: Manifest
+    uri: str
+    not_converted: int
+
+    def reader(self, storage: Storage) -> ManifestReader:
+        """The published manifest, read back through the one reader (from memory: no extra request)."""
+        return ManifestReader(storage, self.uri, self.manifest.to_dict())
+
+
+def publish_run(
+    request: RunRequest,
+    storage: Storage,
+    folder: RunFolder,
+    plan: RunPlan,
+    *,
+    max_document_error_rate: float | None = None,
+    airflow_run: dict[str, Any] | None = None,
+    record_not_converted: bool = False,
+    shard_entries: int = SHARD_ENTRIES,
+) -> PublishedRun:
+    """Stream a run's results into its manifest: entries to shards batch by batch, the summary last.
+
+    Holds one batch's report at a time (``RunFolder.iter_reports``) and the set of planned sources;
+    counts and metrics are folded as the entries stream (``ManifestWriter``). A planned document no
+    batch reported is recorded as failed ``not_converted`` (and, with ``record_not_converted``, as a
+    failure of this run in the ledger, so later runs re-drive it). With ``max_document_error_rate``
+    the error budget is judged into the summary.
+    """
+    writer = ManifestWriter(storage, request.output_uri, request.run_id, shard_entries=shard_entries)
+    for entry in plan.unavailable:
+        writer.add(entry)
+    # Planned sources not reported yet, in plan order; what is left at the end was never reported.
+    pending = {source.uri: source for source in plan.sources}
+    gpu_reports: list[GpuBusy | None] = []
+    for report in folder.iter_reports():
+        for entry in report.entries:
+            source = pending.pop(entry.source, None)
+            if source is None:
+                continue  # not planned by this plan, or already reported by another batch
+            entry.redriven = source.redriven
+            writer.add(entry)
+        gpu_reports.append(report.gpu_busy)
+    lost = list(pending.values())
+    for source in lost:
+        entry = _lost(source)
+        entry.redriven = source.redriven
+        writer.add(entry)
+    for entry in plan.left_for_later:
+        writer.add(entry)
+    for entry in plan.dead_letters:
+        writer.add_dead_letter(entry)
+    if lost and record_not_converted:
+        _mark_not_converted(request, storage, lost)
+    manifest = _manifest_header(request, plan, gpu_busy=total_gpu_busy(gpu_reports))
+    manifest.totals = writer.totals
+    if max_document_error_rate is not None:
+        manifest.judge_error_budget(max_document_error_rate)
+    manifest.airflow_run = airflow_run
+    uri = writer.commit(manifest)
+    return PublishedRun(manifest, uri, len(lost))
+
+
+def _mark_not_converted(request: RunRequest, storage: Storage, sources: Iterable[SourceDocument]) -> None:
+    ledger = Ledger(request.output_uri, storage, request.conversion_key)
+    for source in sources:
+        ledger.mark_failed(
+            source.info, NOT_CONVERTED, "its batch did not finish", request.run_id, run_time=request.run_time
+        )
 
 
 def run_conversion(
     request: RunRequest, storage: Storage, *, progress_stream: TextIO | None = None
-) -> tuple[Manifest, str]:
+) -> tuple[ManifestReader, str]:
     """The whole run in one process (the CLI): plan, convert, publish. Returns the manifest and its URI.
 
     A run id whose manifest is not published yet (the process stopped: exit 3, a kill) resumes: its
@@ -520,6 +603,5 @@ def run_conversion(
         len(plan.dead_letters),
     )
     convert_batch(request, storage, SINGLE_BATCH, plan.sources, folder=folder, progress_stream=progress_stream)
-    results = folder.collect_results()
-    manifest = build_manifest(request, plan, results.entries, gpu_busy=results.gpu_busy)
-    return manifest, publish_manifest(manifest, storage)
+    published = publish_run(request, storage, folder, plan)
+    return published.reader(storage), published.uri

@@ -16,11 +16,15 @@ These objects stop serving anything:
   claim a dead run left on a document nobody tried again, the expired key each take-over leaves
   behind, and cool-downs that have run out; untouched for ``older_than`` too. Which of them may go is
   decided by ``claims.stale_claims``: never a live claim, nor a key on the way to one.
+* **Manifest shards no summary names** under ``manifests/<run>/`` (``olmocr_tasks.manifest``): those
+  of a publish that died before writing its summary, of a publish a later one of the same run
+  superseded, and every shard of a run whose summary was deleted. Only shards untouched for
+  ``older_than`` go, so a publish writing its shards right now loses nothing.
 
-Never removed: manifests, outputs, ``.done`` markers and content records (the idempotency state),
-failure markers of versions not converted (they count towards dead letters), pages of content not
-converted (a later run resumes from them), the output owner records, and claims a run holds or cools
-down (and the keys leading to them).
+Never removed: manifest summaries and the shards they name, outputs, ``.done`` markers and content
+records (the idempotency state), failure markers of versions not converted (they count towards dead
+letters), pages of content not converted (a later run resumes from them), the output owner records,
+and claims a run holds or cools down (and the keys leading to them).
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from olmocr_tasks.claims import CLAIMS_DIR, stale_claims
+from olmocr_tasks.errors import StorageError, UnreadableSourceError
 from olmocr_tasks.ledger import CONTENT_DIR, SOURCES_DIR, STATE_DIR
 from olmocr_tasks.manifest import MANIFESTS_DIR
+from olmocr_tasks.manifest_reader import ManifestFormatError, ManifestReader
 from olmocr_tasks.page_store import PAGES_DIR
 from olmocr_tasks.runs import RUNS_DIR
 from olmocr_tasks.storage import ObjectInfo, Storage
@@ -50,6 +56,7 @@ class RetentionReport:
     kept_runs: dict[str, str] = field(default_factory=dict)
     failure_markers: int = 0
     page_records: int = 0
+    manifest_shards: int = 0
     claims: int = 0
     objects: int = 0
     dry_run: bool = False
@@ -58,8 +65,8 @@ class RetentionReport:
         verb = "would remove" if self.dry_run else "removed"
         return (
             f"{verb} {len(self.removed_runs)} run folders, {self.failure_markers} failure markers of converted "
-            f"versions, {self.page_records} saved pages of converted documents and {self.claims} claims no run "
-            f"holds ({self.objects} objects); "
+            f"versions, {self.page_records} saved pages of converted documents, {self.manifest_shards} "
+            f"manifest shards no summary names and {self.claims} claims no run holds ({self.objects} objects); "
             f"kept {len(self.kept_runs)} run folders"
         )
 
@@ -81,6 +88,7 @@ def clean_output(
     doomed: list[ObjectInfo] = []
     doomed += _finished_run_folders(output_uri, storage, cutoff, report)
     doomed += _obsolete_state(output_uri, storage, now, cutoff, report)
+    doomed += _unnamed_manifest_shards(output_uri, storage, cutoff, report)
     report.objects = len(doomed)
     if not dry_run:
         for info in doomed:
@@ -120,6 +128,29 @@ def _finished_run_folders(
         else:
             report.removed_runs.append(folder_uri)
             doomed += objects
+    return doomed
+
+
+def _unnamed_manifest_shards(
+    output_uri: str, storage: Storage, cutoff: datetime, report: RetentionReport
+) -> list[ObjectInfo]:
+    manifests_uri = join_uri(output_uri, MANIFESTS_DIR)
+    shards: dict[str, list[ObjectInfo]] = defaultdict(list)
+    for parts, info in _children(manifests_uri, storage):
+        if len(parts) > 1:
+            shards[parts[0]].append(info)
+    doomed: list[ObjectInfo] = []
+    for name, objects in sorted(shards.items()):
+        summary_uri = join_uri(manifests_uri, f"{name}.json")
+        try:
+            raw = storage.read_bytes_or_none(summary_uri)
+            named = set() if raw is None else set(ManifestReader.from_bytes(storage, summary_uri, raw).shard_uris())
+        except (ManifestFormatError, StorageError, UnreadableSourceError) as exc:
+            # A summary that cannot be read now might name any of them: keep them all.
+            log.warning("kept the shards of %s: its summary could not be read (%s)", summary_uri, exc)
+            continue
+        doomed += [info for info in objects if info.uri not in named and info.last_modified < cutoff]
+    report.manifest_shards = len(doomed)
     return doomed
 
 

@@ -32,7 +32,7 @@ import json
 import re
 import secrets
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -241,6 +241,14 @@ class RunFolder:
                 entries[entry.source] = entry
             reports.append(report.gpu_busy)
         return RunResults(entries, total_gpu_busy(reports))
+
+    def iter_reports(self) -> Iterator[AttemptReport]:
+        """What the latest started attempt of each batch reported, one batch at a time (in key order).
+
+        The streaming form of ``collect_results``: publishing holds one batch's entries, not the run's.
+        """
+        for _, tries in sorted(self._attempts().items()):
+            yield self._read_attempt(tries[max(tries)])
 
     def _attempts(self) -> dict[str, dict[int, list[str]]]:
         """batch → try → the URIs of that attempt's objects, for attempts that wrote their start mark."""

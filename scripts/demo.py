@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_airflow import AIRFLOW_HOME, ROOT, airflow, airflow_env, prepare
 
 from olmocr_tasks.cpu_engine import start_cpu_engine_in_thread
+from olmocr_tasks.manifest_reader import open_manifest
 
 OUTPUT = ROOT / "demo-output"
 
@@ -50,7 +51,8 @@ def summarize() -> int:
     if not manifests:
         print("error: the run published no manifest")
         return 1
-    manifest = json.loads(manifests[-1].read_text())
+    reader = open_manifest(str(manifests[-1]))
+    manifest = reader.summary
     counts, metrics = manifest["counts"], manifest["metrics"]
     print()
     print(f"run {manifest['run_id']}")
@@ -60,7 +62,7 @@ def summarize() -> int:
         f"({counts['fallback_pages']} fallback), {counts['output_tokens']} output tokens, "
         f"{metrics['pages_per_second']} pages/s"
     )
-    for doc in manifest["documents"]:
+    for doc in reader.iter_documents():
         detail = doc.get("error") or f"{doc['pages']} pages"
         source = doc["source"].removeprefix(str(ROOT) + "/")
         print(f"  {doc['status']:<9} {source}: {detail}")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from olmocr_tasks.manifest import safe_run_id
+from olmocr_tasks.manifest_reader import load_whole
 from tests.airflow_env import AirflowEnv, aws_connection, vllm_connection
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
 from tests.pdfgen import not_a_pdf, text_pdf
@@ -57,7 +58,7 @@ class RealRuns:
         return safe_run_id(run_id)
 
     def manifest(self, run_id: str) -> dict[str, Any]:
-        return json.loads((self.output / "manifests" / f"{self.key(run_id)}.json").read_text())
+        return load_whole(str(self.output / "manifests" / f"{self.key(run_id)}.json"))
 
     @property
     def hostile_source(self) -> str:

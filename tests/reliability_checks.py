@@ -11,6 +11,7 @@ every "done" marker points at outputs that exist and hold the recorded bytes.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import psutil
 
 from olmocr_tasks.config import ConversionSettings, DocumentLimits, PageSettings, ServerSettings
 from olmocr_tasks.manifest import Manifest
+from olmocr_tasks.manifest_reader import ManifestReader
 from olmocr_tasks.storage import TEMP_SUFFIX, Storage
 from tests import pdfgen
 
@@ -87,7 +89,10 @@ class ReaderView:
     markdown: dict[str, bytes] = field(default_factory=dict)  # uri -> content
     done_markers: list[dict[str, Any]] = field(default_factory=list)
     failed_markers: list[dict[str, Any]] = field(default_factory=list)
+    # summary uri -> the manifest whole (its shards read through the reader: each must exist)
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # uri -> entries of every manifest shard listed, named by a summary or not (yet)
+    manifest_shards: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     other: list[str] = field(default_factory=list)
 
 
@@ -108,8 +113,11 @@ def reader_view(output_uri: str, storage: Storage | None = None) -> ReaderView:
         elif relative.startswith("markdown/"):
             assert relative.endswith(".md"), info.uri
             view.markdown[info.uri] = data
+        elif relative.startswith("manifests/") and relative.endswith(".json") and relative.count("/") == 1:
+            view.manifests[info.uri] = ManifestReader.from_bytes(storage, info.uri, data).whole()
         elif relative.startswith("manifests/"):
-            view.manifests[info.uri] = json.loads(data)
+            assert relative.endswith(".jsonl.gz"), f"not a manifest shard: {info.uri}"
+            view.manifest_shards[info.uri] = [json.loads(line) for line in gzip.decompress(data).splitlines()]
         elif relative.startswith("_state/") and "/sources/" in relative:
             record = json.loads(data)
             name = relative.rsplit("/", 1)[-1]
@@ -165,11 +173,18 @@ def assert_reader_view_consistent(
     return view
 
 
-def assert_manifest_matches_outputs(manifest: Manifest | dict[str, Any], storage: Storage | None = None) -> None:
+def assert_manifest_matches_outputs(
+    manifest: Manifest | ManifestReader | dict[str, Any], storage: Storage | None = None
+) -> None:
     """Every document the manifest calls converted or skipped has outputs holding its bytes."""
     storage = storage or Storage()
-    data = manifest.to_dict() if isinstance(manifest, Manifest) else manifest
-    for doc in data["documents"]:
+    if isinstance(manifest, ManifestReader):
+        documents = list(manifest.iter_documents())
+    elif isinstance(manifest, Manifest):
+        documents = [doc.to_dict() for doc in manifest.documents]
+    else:
+        documents = manifest["documents"]
+    for doc in documents:
         # Failed, or left for later (another run held its claim, or it failed recently): no outputs.
         if doc["status"] == "failed" or doc.get("skip_reason") in ("claimed", "retry_later"):
             assert doc["outputs"] == {}, doc["source"]

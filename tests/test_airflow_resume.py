@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from olmocr_tasks.manifest_reader import load_whole
 from tests.airflow_env import AirflowEnv, DagTestResult, vllm_connection
 from tests.pdfgen import text_pdf
 from tests.standin.server import StandinServer
@@ -38,7 +39,7 @@ def _run(airflow: AirflowEnv, inbox: Path, output: Path) -> DagTestResult:
 
 def _manifest(output: Path, result: DagTestResult) -> dict[str, Any]:
     (path,) = (output / "manifests").glob("*.json")
-    manifest = json.loads(path.read_text())
+    manifest = load_whole(str(path))
     assert manifest["run_id"].endswith(result.run_id or "")
     return manifest
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import boto3
 import pytest
 
+from olmocr_tasks.manifest_reader import load_whole
 from tests import pdfgen
 from tests.standin.server import StandinServer
 
@@ -36,7 +37,7 @@ def test_converts_a_folder_exit_0_then_nothing_to_do(tmp_path: Path, standin: St
     assert first.returncode == 0, first.stderr
     assert "converted 2, failed 0" in first.stdout
     assert (out / "markdown" / "a.md").is_file() and (out / "markdown" / "deep" / "B.md").is_file()
-    manifest = json.loads((out / "manifests" / "first.json").read_text())
+    manifest = load_whole(str(out / "manifests" / "first.json"))
     assert manifest["counts"]["pages"] == 3
     # Not a terminal: periodic log lines and one summary, never a line per request.
     assert "converting " in first.stderr and "finished: documents 2/2" in first.stderr
@@ -152,7 +153,7 @@ def test_hedge_flags_reach_the_run_and_a_hung_page_is_answered_by_its_hedge(
         "--ready-timeout", "5", "--max-concurrent-requests", "8",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    manifest = json.loads((tmp_path / "out" / "manifests" / "hedged.json").read_text())
+    manifest = load_whole(str(tmp_path / "out" / "manifests" / "hedged.json"))
     server = manifest["settings"]["server"]
     assert (server["hedge_requests"], server["hedge_min_delay_s"], server["hedge_multiple"]) == (True, 0.2, 2.5)
     assert manifest["counts"]["hedged"] == 1 and manifest["documents"][0]["hedged"] == 1
@@ -163,7 +164,7 @@ def test_hedge_flags_reach_the_run_and_a_hung_page_is_answered_by_its_hedge(
         "--no-hedging", "--max-documents", "1", *FAST,
     )  # fmt: skip
     assert switched_off.returncode == 0, switched_off.stderr
-    off = json.loads((tmp_path / "out2" / "manifests" / "off.json").read_text())
+    off = load_whole(str(tmp_path / "out2" / "manifests" / "off.json"))
     assert off["settings"]["server"]["hedge_requests"] is False and off["counts"]["hedged"] == 0
 
 

@@ -28,6 +28,7 @@ import boto3
 import pytest
 
 from olmocr_tasks.manifest import safe_run_id
+from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.storage import Storage
 from tests.airflow_env import REPO_ROOT, AirflowEnv, DagTestResult, base_env
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
@@ -179,7 +180,7 @@ def _check(result: DagTestResult, expect_success: bool = True) -> None:
 def _read_manifest(storage: Storage, output_uri: str, dag_id: str, result: DagTestResult) -> dict[str, Any]:
     assert result.run_id
     uri = f"{output_uri.rstrip('/')}/manifests/{safe_run_id(f'{dag_id}__{result.run_id}')}.json"
-    return json.loads(storage.read_bytes(uri))
+    return load_whole(uri, storage)
 
 
 def _by_source(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -20,6 +20,7 @@ import boto3
 import pytest
 
 from olmocr_tasks.lineage import Lineage, asset_uri, batch_lineage, manifest_lineage
+from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.uri import local_path
 from tests import pdfgen
 from tests.airflow_env import AirflowEnv
@@ -141,11 +142,9 @@ def test_convert_instances_and_publish_emit_their_datasets(
     remote = run_cli("convert", f"s3://{s3_bucket}/inbox/", f"s3://{s3_bucket}/out", "--server", standin.url,
                      "--run-id", "s", *FAST)  # fmt: skip
     assert remote.returncode == 0, remote.stderr
-    local_docs = json.loads((tmp_path / "out" / "manifests" / "l.json").read_text())["documents"]
+    local_docs = load_whole(str(tmp_path / "out" / "manifests" / "l.json"))["documents"]
     s3_manifest = f"s3://{s3_bucket}/out/manifests/s.json"
-    s3_docs = json.loads(boto3.client("s3").get_object(Bucket=s3_bucket, Key="out/manifests/s.json")["Body"].read())[
-        "documents"
-    ]
+    s3_docs = load_whole(s3_manifest)["documents"]
 
     dags = tmp_path / "dags"
     dags.mkdir()
@@ -211,7 +210,7 @@ def test_ingest_run_reports_its_pdfs_outputs_and_manifest(airflow_env: AirflowEn
     result = airflow.dag_test("olmocr_ingest", conf=conf)
     assert result.succeeded, result.tail()
     (manifest_path,) = (output / "manifests").glob("olmocr_ingest__*.json")
-    documents = json.loads(manifest_path.read_text())["documents"]
+    documents = load_whole(str(manifest_path))["documents"]
     assert sorted(doc["status"] for doc in documents) == ["converted", "converted", "failed"]
 
     complete: dict[str, list[dict[str, Any]]] = {}

@@ -20,6 +20,7 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from olmocr_tasks.failure_report import build_failure_report, error_class_counts
+from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.provider.notifications import NotifierConfigError, make_notifier, parse_notifier_config
 from tests import pdfgen
 from tests.airflow_env import AirflowEnv
@@ -197,7 +198,7 @@ def test_failed_ingest_run_mails_its_report_through_the_configured_notifier(
     result = airflow.dag_test("olmocr_ingest", conf={"input_uri": str(tmp_path / "in"), "output_uri": str(output)})
     assert result.state == "failed", result.tail()
     (manifest_path,) = (output / "manifests").glob("olmocr_ingest__*.json")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = load_whole(str(manifest_path))
     (failed,) = [doc for doc in manifest["documents"] if doc["status"] == "failed"]
 
     assert len(inbox.messages) == 1, result.tail()

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from olmocr_tasks.manifest import safe_run_id
+from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.outputs import (
     OLMOCR_COMPAT_VERSION,
     claim_stem,
@@ -284,8 +285,8 @@ def test_another_folder_into_the_same_output_never_replaces_a_documents_outputs(
         result = run_cli("convert", str(folder), str(out), "--run-id", run_id, *common)
         assert result.returncode == 0, result.stderr[-3000:]
     storage = Storage()
-    demo = _outputs(json.loads((out / "manifests" / "demo.json").read_text()))[str(first / "annual-report.pdf")]
-    other = _outputs(json.loads((out / "manifests" / "other.json").read_text()))[str(second / "annual-report.pdf")]
+    demo = _outputs(load_whole(str(out / "manifests" / "demo.json")))[str(first / "annual-report.pdf")]
+    other = _outputs(load_whole(str(out / "manifests" / "other.json")))[str(second / "annual-report.pdf")]
     assert demo["markdown"] == str(out / "markdown" / "annual-report.md")
     assert "document 201 page 1" in _text_of(demo["markdown"], storage)
     # The second source's outputs are beside the first's, named after its own location.
@@ -297,7 +298,7 @@ def test_another_folder_into_the_same_output_never_replaces_a_documents_outputs(
     # Rerunning either folder with --reprocess writes to the same keys again: nothing moves or multiplies.
     result = run_cli("convert", str(second), str(out), "--run-id", "again", "--reprocess", *common)
     assert result.returncode == 0, result.stderr[-3000:]
-    again = _outputs(json.loads((out / "manifests" / "again.json").read_text()))[str(second / "annual-report.pdf")]
+    again = _outputs(load_whole(str(out / "manifests" / "again.json")))[str(second / "annual-report.pdf")]
     assert again == other
     assert sorted(p.name for p in (out / "markdown").iterdir()) == sorted(
         ["annual-report.md", Path(other["markdown"]).name]
@@ -409,9 +410,7 @@ def test_two_input_folders_into_one_output_through_airflow(airflow_env: AirflowE
     for folder in (first, second):
         result = airflow_env.dag_test("olmocr_ingest", conf={"input_uri": str(folder), "output_uri": str(out)})
         assert result.succeeded, result.tail()
-        manifest = json.loads(
-            (out / "manifests" / f"{safe_run_id(f'olmocr_ingest__{result.run_id}')}.json").read_text()
-        )
+        manifest = load_whole(str(out / "manifests" / f"{safe_run_id(f'olmocr_ingest__{result.run_id}')}.json"))
         [doc] = manifest["documents"]
         assert doc["status"] == "converted"
         markdown[folder] = doc["outputs"]["markdown"]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from olmocr_tasks.manifest_reader import load_whole
 from tests import pdfgen
 from tests.reliability_checks import assert_reader_view_consistent, descendants, kill_and_reap, run_cli, start_cli
 from tests.standin.server import StandinServer
@@ -30,7 +31,7 @@ def _convert(source: Path, out: Path, standin: StandinServer, run_id: str) -> di
     command = ["convert", str(source), str(out), "--server", standin.url, "--run-id", run_id, *FAST, *WINDOW]
     result = run_cli(*command, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads((out / "manifests" / f"{run_id}.json").read_text())
+    return load_whole(str(out / "manifests" / f"{run_id}.json"))
 
 
 def _outputs(out: Path) -> tuple[str, dict[str, Any]]:

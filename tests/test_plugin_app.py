@@ -16,6 +16,7 @@ from urllib.parse import quote
 import pytest
 from fastapi.testclient import TestClient
 
+from olmocr_tasks.manifest_reader import load_whole
 from tests.airflow_env import AirflowEnv
 from tests.ocr_runs import CLEAN_RUN, DAG_ID, DEAD_LETTER_RUN, FAILING_RUN, XSS, RealRuns, real_runs
 
@@ -93,7 +94,7 @@ def test_json_api_shows_the_counts_and_verdict_each_run_wrote(client: TestClient
 def test_counts_are_read_as_written_not_recomputed(output: Path, runs: RealRuns) -> None:
     """The page shows the manifest's totals even where the entries would sum to something else."""
     path = output / "manifests" / f"{runs.key(CLEAN_RUN)}.json"
-    data = json.loads(path.read_text())
+    data = load_whole(str(path))  # written back inline: the schema 2 layout, read alike
     data["counts"]["pages"] = 12345
     data["documents"] = []
     path.write_text(json.dumps(data))
@@ -104,7 +105,7 @@ def test_counts_are_read_as_written_not_recomputed(output: Path, runs: RealRuns)
 def test_budget_verdict_comes_from_the_manifest(output: Path, runs: RealRuns) -> None:
     """A CLI run has no verdict: failures make it "some failed", never "failed budget"."""
     path = output / "manifests" / f"{runs.key(FAILING_RUN)}.json"
-    data = json.loads(path.read_text())
+    data = load_whole(str(path))  # written back inline: the schema 2 layout, read alike
     assert data["error_budget"] is None
     client = TestClient(create_app(str(output)))
     assert client.get(f"/api/runs/{runs.key(FAILING_RUN)}").json()["error_budget"] is None
@@ -119,7 +120,7 @@ def test_budget_verdict_comes_from_the_manifest(output: Path, runs: RealRuns) ->
 def test_api_run_returns_manifest(client: TestClient, output: Path, runs: RealRuns) -> None:
     key = runs.key(runs.airflow_manifest_run_id)
     body = client.get(f"/api/runs/{key}").json()
-    assert body == json.loads((output / "manifests" / f"{key}.json").read_text())
+    assert body == load_whole(str(output / "manifests" / f"{key}.json"))
     assert body["run_id"] == runs.airflow_manifest_run_id and body["airflow_run"]["dag_id"] == DAG_ID
     assert client.get("/api/runs/nope").status_code == 404
 
@@ -186,7 +187,7 @@ def test_output_links_serve_only_what_the_manifest_names_below_the_output(tmp_pa
     shutil.copytree(runs.output, copy)
     key = runs.key(CLEAN_RUN)
     path = copy / "manifests" / f"{key}.json"
-    data = json.loads(path.read_text())
+    data = load_whole(str(path))  # written back inline: the schema 2 layout, read alike
     outputs = [doc["outputs"] for doc in data["documents"]]
     outputs[0]["markdown"] = outputs[0]["markdown"].replace(str(runs.output), str(copy))
     # A manifest naming files outside the output location does not make the page serve them.
@@ -252,7 +253,7 @@ def test_everything_rendered_is_escaped(client: TestClient, runs: RealRuns) -> N
 
 def test_secrets_are_not_shown(client: TestClient, output: Path, runs: RealRuns) -> None:
     path = output / "manifests" / f"{runs.key(CLEAN_RUN)}.json"
-    data = json.loads(path.read_text())
+    data = load_whole(str(path))  # written back inline: the schema 2 layout, read alike
     data["server"] = {"base_urls": ["http://user:hunter2@vllm:8000/v1"], "api_key": "sk-live-123456"}
     path.write_text(json.dumps(data))
     page = client.get(f"/runs/{runs.key(CLEAN_RUN)}")
@@ -380,8 +381,10 @@ def s3_manifests(s3_env: str, s3_bucket: str, output: Path) -> str:
     import boto3
 
     s3 = boto3.client("s3", endpoint_url=s3_env)
-    for path in (output / "manifests").iterdir():
-        s3.put_object(Bucket=s3_bucket, Key=f"prod/manifests/{path.name}", Body=path.read_bytes())
+    for path in (output / "manifests").rglob("*"):
+        if path.is_file():  # summaries and the shards in their run folders
+            key = path.relative_to(output / "manifests").as_posix()
+            s3.put_object(Bucket=s3_bucket, Key=f"prod/manifests/{key}", Body=path.read_bytes())
     # Objects elsewhere under the output prefix, below the folder, or not ending in .json, are never read.
     s3.put_object(Bucket=s3_bucket, Key="prod/markdown/a.md", Body=b"# a")
     s3.put_object(Bucket=s3_bucket, Key="prod/manifests/next.json.olmocr-tmp", Body=b"{")

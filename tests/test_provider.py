@@ -31,6 +31,7 @@ from olmocr_tasks.errors import (
     StorageError,
 )
 from olmocr_tasks.manifest import DocumentEntry, Manifest
+from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.provider import hooks, tasks
 from olmocr_tasks.provider import params as dag_params
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
@@ -480,7 +481,7 @@ def test_a_retried_convert_task_reports_its_batch_and_only_runs_that_converted_a
             == (batch["documents"], 2 * batch["documents"])
         )
     summary = run.publish()
-    manifest = json.loads(Path(summary["manifest"]).read_text())
+    manifest = load_whole(summary["manifest"])
     assert manifest["counts"]["converted"] == 2 and manifest["counts"]["pages"] == 4
     assert {doc["task"]["try_number"] for doc in manifest["documents"]} == {1}
     # The connection's GPU-hour price reaches the manifest of an Airflow run.
@@ -567,7 +568,7 @@ def test_a_rejected_api_key_fails_the_convert_task_without_retries(tmp_path: Pat
     with pytest.raises(AirflowFailException, match=r"rejected this task: .*HTTP 401"):
         tasks.convert_body(run.ctx("convert"), batch)
     # The manifest says why the document was not converted, and it stays for later runs to retry.
-    (entry,) = json.loads(Path(run.publish()["manifest"]).read_text())["documents"]
+    (entry,) = load_whole(run.publish()["manifest"])["documents"]
     assert (entry["status"], entry["error_class"]) == ("failed", "not_converted")
     assert "refused this run" in entry["error"] and "HTTP 401" in entry["error"]
 
@@ -625,7 +626,7 @@ def test_plan_body_redrives_failures_of_an_earlier_interval(tmp_path: Path, stan
         run = RunTasks(params, run_type="scheduled", interval=(start, start + timedelta(hours=1)))
         run.plan()
         run.convert_all()
-        manifests.append(json.loads(Path(run.publish()["manifest"]).read_text()))
+        manifests.append(load_whole(run.publish()["manifest"]))
     first, second = ({doc["source"]: doc for doc in manifest["documents"]} for manifest in manifests)
     assert {Path(source).name: doc["status"] for source, doc in first.items()} == {
         "good.pdf": "converted",
@@ -697,7 +698,7 @@ def test_event_dag_plan_body_converts_exactly_the_objects_its_triggering_events_
     )
     run.plan()
     run.convert_all()
-    manifest = json.loads(storage.read_bytes(run.publish()["manifest"]))
+    manifest = load_whole(run.publish()["manifest"], storage)
     docs = {doc["source"]: doc for doc in manifest["documents"]}
     assert set(docs) == {f"s3://{s3_bucket}/inbox/a b+c.pdf", f"s3://{s3_bucket}/inbox/x.pdf"}
     assert {doc["status"] for doc in docs.values()} == {"converted"}

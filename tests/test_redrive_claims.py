@@ -21,6 +21,7 @@ import pytest
 from olmocr_tasks.claims import Blocked, ClaimBook, ClaimHolder
 from olmocr_tasks.config import ConversionSettings, ServerSettings
 from olmocr_tasks.ledger import Ledger
+from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.pipeline import SINGLE_BATCH, RunRequest, build_manifest, convert_batch, plan_run, run_conversion
 from olmocr_tasks.storage import Storage
 from tests import pdfgen
@@ -43,7 +44,7 @@ def standin_conn(monkeypatch: pytest.MonkeyPatch, standin: StandinServer) -> Sta
 
 
 def _manifest(path: str) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())
+    return load_whole(path)
 
 
 def _docs(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -123,19 +124,19 @@ def test_a_document_claimed_by_a_live_run_is_left_for_later_and_shown_so(
     assert not isinstance(other, Blocked)
 
     manifest, _ = run_conversion(request, storage)
-    docs = _docs(manifest.to_dict())
+    docs = _docs(manifest.whole())
     assert docs["doc82.pdf"]["status"] == "converted"
     assert (docs["doc81.pdf"]["status"], docs["doc81.pdf"]["skip_reason"]) == ("skipped", "claimed")
     assert docs["doc81.pdf"]["claimed_by"] == "other-run"
     assert manifest.counts()["claimed"] == 1 and manifest.counts()["judged"] == 1
     assert Ledger(str(output), storage, request.conversion_key).status(held) == "new", "nothing recorded for it"
-    page = _runs_page(output, manifest.to_dict())
+    page = _runs_page(output, manifest.whole())
     assert "claimed by run other-run" in page and "1 claimed by other runs" in page
 
     # Once the holder lets go, the next run converts it.
     other.release()
     again, _ = run_conversion(_request(inbox, output, settings=_settings(standin), run_id="again"), storage)
-    assert {name: doc["status"] for name, doc in _docs(again.to_dict()).items()} == {"doc81.pdf": "converted"}
+    assert {name: doc["status"] for name, doc in _docs(again.whole()).items()} == {"doc81.pdf": "converted"}
 
 
 def test_an_attempt_whose_retry_has_started_records_nothing(tmp_path: Path, standin: StandinServer) -> None:
@@ -221,7 +222,7 @@ def test_two_concurrent_cli_runs_send_each_page_about_once_and_convert_each_docu
     assert sent <= 1.05 * total_pages, f"{sent} page requests for {total_pages} pages"
     converted: dict[str, list[str]] = {}
     for run_id in processes:
-        manifest = json.loads((tmp_path / "out" / "manifests" / f"{run_id}.json").read_text())
+        manifest = load_whole(str(tmp_path / "out" / "manifests" / f"{run_id}.json"))
         assert manifest["counts"]["failed"] == 0
         assert manifest["counts"]["already_converted"] + len(manifest["documents"]) == len(pages)
         assert_manifest_matches_outputs(manifest)
@@ -271,7 +272,7 @@ def test_a_run_killed_mid_document_leaves_claims_a_later_run_takes_over_after_ex
     time.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.2)
     later = _cli(tmp_path, standin, "later", "--claim-expiry", expiry)
     assert later.wait(timeout=180) == 0, (tmp_path / "later.log").read_text()
-    manifest = json.loads((tmp_path / "out" / "manifests" / "later.json").read_text())
+    manifest = load_whole(str(tmp_path / "out" / "manifests" / "later.json"))
     assert {doc["status"] for doc in manifest["documents"]} == {"converted"}
     assert len(manifest["documents"]) == 3
     assert not list((tmp_path / "out").rglob("*.claim")), "the killed run's claims are released with the outcomes"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.storage import TEMP_SUFFIX
 from tests import pdfgen
 from tests.reliability_checks import (
@@ -74,7 +75,7 @@ def finish_and_check(tmp_path: Path, standin: StandinServer, doc_ids: dict[str, 
     wait_for_claims_to_expire(out)
     result = run_cli("convert", str(tmp_path / "in"), str(out), "--server", standin.url, "--run-id", run_id, *FAST)
     assert result.returncode == 0, result.stdout + result.stderr
-    manifest = json.loads((out / "manifests" / f"{run_id}.json").read_text())
+    manifest = load_whole(str(out / "manifests" / f"{run_id}.json"))
     assert manifest["counts"]["failed"] == 0
     assert manifest["counts"]["already_converted"] + len(manifest["documents"]) == len(doc_ids)
     for doc in manifest["documents"]:
@@ -244,7 +245,7 @@ def test_two_overlapping_runs_at_once_leave_one_correct_result_per_document(
         # A hang guard: both runs finish in seconds.
         assert process.wait(timeout=120) == 0, (tmp_path / f"{run_id}.log").read_text()
     for run_id in ("left", "right"):
-        manifest = json.loads((out / "manifests" / f"{run_id}.json").read_text())
+        manifest = load_whole(str(out / "manifests" / f"{run_id}.json"))
         assert manifest["counts"]["failed"] == 0
         assert manifest["counts"]["already_converted"] + len(manifest["documents"]) == len(doc_ids)
         assert_manifest_matches_outputs(manifest)

@@ -10,13 +10,13 @@ that takes far longer to render than allowed, and documents over the byte and pa
 from __future__ import annotations
 
 import io
-import json
 import zlib
 from pathlib import Path
 
 import pytest
 from pypdf import PdfReader, PdfWriter
 
+from olmocr_tasks.manifest_reader import load_whole
 from tests import pdfgen
 from tests.reliability_checks import RssSampler, assert_reader_view_consistent, start_cli
 from tests.standin.server import StandinServer
@@ -109,7 +109,7 @@ def test_hostile_inputs_end_with_their_error_class_and_the_process_survives(
     assert code == 1, output  # some documents failed, and said so: not a crash
     assert "Traceback" not in output and "internal_error" not in output
 
-    manifest = json.loads((out / "manifests" / "hostile.json").read_text())
+    manifest = load_whole(str(out / "manifests" / "hostile.json"))
     outcomes = {Path(doc["source"]).name: doc for doc in manifest["documents"]}
     assert set(outcomes) == set(expected)
     for name, error_class in expected.items():
@@ -152,7 +152,7 @@ def convert_one(tmp_path: Path, standin: StandinServer, name: str, data: bytes) 
     with RssSampler(process.pid) as memory:
         code = process.wait(timeout=300)  # a hang guard only, far above the seconds a conversion takes
     assert code == 0, (tmp_path / f"{name}.log").read_text()
-    manifest = json.loads((out / "manifests" / f"{name}.json").read_text())
+    manifest = load_whole(str(out / "manifests" / f"{name}.json"))
     return manifest, memory
 
 

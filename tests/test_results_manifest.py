@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from olmocr_tasks.manifest import DocumentEntry, Manifest, manifest_uri, safe_run_id
+from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.protocol import PageResponse
 from olmocr_tasks.results import DocumentResult, PageResult
 from tests.standin.server import StandinServer
@@ -95,7 +97,8 @@ def test_counts_and_metrics_are_derived_from_documents() -> None:
 def test_manifest_round_trips_through_json() -> None:
     manifest = _manifest()
     data = json.loads(manifest.to_json())
-    assert data["schema_version"] == 2 and data["counts"]["documents"] == 3
+    assert data["schema_version"] == 3 and data["counts"]["documents"] == 3
+    assert data["error_classes"] == {"corrupt": 1}
     again = Manifest.from_dict(data)
     assert again.to_dict() == manifest.to_dict()
 
@@ -167,10 +170,22 @@ def _schema() -> dict[str, object]:
     return json.loads(importlib.resources.files("olmocr_tasks").joinpath("schemas/manifest.schema.json").read_text())
 
 
+def _validated(uri: str) -> dict[str, Any]:
+    """A published manifest whose summary and every shard entry validate; returned whole (entries inline)."""
+    import jsonschema
+
+    schema = _schema()
+    jsonschema.validate(json.loads(Path(uri).read_text()), schema)
+    whole = load_whole(uri)
+    entry_schema = {"$defs": schema["$defs"], "$ref": "#/$defs/document"}
+    for doc in whole["documents"] + whole["dead_letters"]:
+        jsonschema.validate(doc, entry_schema)
+    return whole
+
+
 def test_a_page_rescued_by_its_hedge_is_counted_in_the_published_manifest(
     tmp_path: Path, standin_factory: Callable[..., StandinServer]
 ) -> None:
-    import jsonschema
 
     from olmocr_tasks.config import ConversionSettings, ServerSettings
     from olmocr_tasks.pipeline import RunRequest, run_conversion
@@ -197,8 +212,7 @@ def test_a_page_rescued_by_its_hedge_is_counted_in_the_published_manifest(
     request = RunRequest(str(tmp_path / "in"), str(tmp_path / "out"), run_id="hedged", settings=settings)
     _, uri = run_conversion(request, Storage())
 
-    published = json.loads(Path(uri).read_text())
-    jsonschema.validate(published, _schema())
+    published = _validated(uri)
     entries = {Path(doc["source"]).name: doc for doc in published["documents"]}
     assert entries["long.pdf"]["status"] == "converted" and entries["long.pdf"]["fallback_pages"] == 0
     assert entries["long.pdf"]["hedged"] == 1 and entries["short.pdf"]["hedged"] == 0
@@ -208,15 +222,15 @@ def test_a_page_rescued_by_its_hedge_is_counted_in_the_published_manifest(
     last_page = {"doc_id": 1, "page_number": 25}
     outcomes = [r["outcome"] for r in server.requests() if (r["marker"] or {}).items() >= last_page.items()]
     assert outcomes == ["hang", "ok"]
-    assert Manifest.from_dict(published).counts() == published["counts"]
+    summary = json.loads(Path(uri).read_text())
+    assert Manifest.from_dict(summary).counts() == published["counts"]
+    assert Manifest.from_dict(summary).to_dict() == summary
 
 
 def test_an_output_collision_failure_is_recorded_in_a_manifest_that_validates(
     tmp_path: Path, standin: StandinServer
 ) -> None:
     import hashlib
-
-    import jsonschema
 
     from olmocr_tasks.config import ConversionSettings, ServerSettings
     from olmocr_tasks.outputs import OWNERS_DIR
@@ -237,8 +251,7 @@ def test_an_output_collision_failure_is_recorded_in_a_manifest_that_validates(
     request = RunRequest(str(tmp_path / "in"), str(tmp_path / "out"), run_id="collision", settings=settings)
     _, uri = run_conversion(request, Storage())
 
-    published = json.loads(Path(uri).read_text())
-    jsonschema.validate(published, _schema())
+    published = _validated(uri)
     entries = {Path(doc["source"]).name: doc for doc in published["documents"]}
     assert entries["taken.pdf"]["status"] == "failed"
     assert entries["taken.pdf"]["error_class"] == "output_collision"

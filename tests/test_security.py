@@ -30,6 +30,7 @@ import pytest
 
 from olmocr_tasks.config import ServerSettings
 from olmocr_tasks.errors import ServerNotReady
+from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.pipeline import (
     RunRequest,
     build_manifest,
@@ -306,7 +307,7 @@ def test_tls_certificates_are_verified_by_default(tmp_path: Path, https_standin:
     assert trusted.returncode == 0, trusted.stderr
     insecure = run_cli(*args, "--run-id", "insecure", "--insecure", "--reprocess", env=env)
     assert insecure.returncode == 0, insecure.stderr
-    manifest = json.loads((tmp_path / "out" / "manifests" / "insecure.json").read_text())
+    manifest = load_whole(str(tmp_path / "out" / "manifests" / "insecure.json"))
     assert manifest["settings"]["server"]["verify_tls"] is False  # an insecure run says so in its manifest
 
 

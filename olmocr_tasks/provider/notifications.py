@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from olmocr_tasks.failure_report import FailureReport, build_failure_report, error_class_counts
+from olmocr_tasks.failure_report import FailureReport, build_failure_report
 
 log = logging.getLogger(__name__)
 
@@ -109,28 +109,28 @@ def report_from_context(context: Mapping[str, Any]) -> FailureReport:
 
 
 def _summary_from_manifest(context: Mapping[str, Any]) -> dict[str, Any] | None:
-    from olmocr_tasks.manifest import manifest_uri
+    from olmocr_tasks.manifest_reader import read_manifest
     from olmocr_tasks.provider.hooks import storage_for
     from olmocr_tasks.provider.tasks import airflow_run_id
 
     output_uri = (context.get("params") or {}).get("output_uri")
     if not output_uri or context.get("dag_run") is None:
         return None
-    uri = manifest_uri(output_uri, airflow_run_id(context))  # where the publish task wrote it
+    run_id = airflow_run_id(context)  # the publish task wrote its manifest under this id
     try:
-        data = storage_for([output_uri]).read_bytes_or_none(uri)
-        manifest = json.loads(data) if data is not None else None
+        manifest = read_manifest(storage_for([output_uri]), output_uri, run_id)
+        if manifest is None:
+            return None
+        # Schema 3 summaries carry the error classes; older manifests count them from their entries.
+        error_classes = manifest.error_classes()
     except Exception as exc:  # the report must still go out, if with less in it
-        log.warning("could not read the run manifest %s: %s", uri, exc)
+        log.warning("could not read the run manifest of %s: %s", run_id, exc)
         return None
-    if not isinstance(manifest, Mapping):
-        return None
-    documents = manifest.get("documents") or []
     return {
-        "manifest": uri,
-        **(manifest.get("counts") or {}),
-        "error_budget": manifest.get("error_budget") or {},
-        "error_classes": error_class_counts(documents),
+        "manifest": manifest.uri,
+        **manifest.counts(),
+        "error_budget": manifest.summary.get("error_budget") or {},
+        "error_classes": error_classes,
     }
 
 

@@ -60,12 +60,10 @@ from olmocr_tasks.config import ConversionSettings, positive_number
 from olmocr_tasks.errors import ConfigurationError, ServerMisconfigured
 from olmocr_tasks.pipeline import (
     RunRequest,
-    build_manifest,
     convert_batch,
     convert_time_limit,
     plan_run,
-    publish_manifest,
-    remember_not_converted,
+    publish_run,
 )
 from olmocr_tasks.priority import LOW, RENDER_NICE, VLLM_PRIORITY, run_class
 from olmocr_tasks.provider import DEFAULT_CONN_ID
@@ -494,14 +492,20 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
     storage = storage_for([request.input_uri, request.output_uri])
     folder = request.run_folder(storage, plan_id)
     plan = folder.read_plan()
-    results = folder.collect_results()
-    manifest = build_manifest(request, plan, results.entries, gpu_busy=results.gpu_busy)
-    # Documents whose batch never reported are failures of this run: later runs re-drive them.
-    remember_not_converted(request, storage, plan, manifest)
-    # Judged once, here; the verdict travels in the manifest (and in this task's XCom for enforce).
-    verdict = manifest.judge_error_budget(float(context["params"].get("max_document_error_rate", 0.05)))
-    manifest.airflow_run = airflow_run_record(context)
-    uri = publish_manifest(manifest, storage)
+    # Streams batch by batch: entries to the manifest's shards, counts folded, the summary written last.
+    # Documents whose batch never reported are failures of this run: later runs re-drive them. The
+    # error budget is judged once, here; the verdict travels in the manifest (and in this task's XCom).
+    published = publish_run(
+        request,
+        storage,
+        folder,
+        plan,
+        max_document_error_rate=float(context["params"].get("max_document_error_rate", 0.05)),
+        airflow_run=airflow_run_record(context),
+        record_not_converted=True,
+    )
+    manifest, uri = published.manifest, published.uri
+    verdict = manifest.error_budget or {}
     report_published(uri)
     summary: dict[str, Any] = {
         "manifest": uri,

@@ -3,14 +3,14 @@
 Local folders, ``file://`` and ``s3://`` locations are read exactly as the engine writes them, with
 the engine's retries, error translation and credential scrubbing.
 
-The pages only ever read ``*.json`` objects directly inside that folder. A run is looked up by the
-name of a file the listing returned, never by a path built from the request, so a crafted run id
-cannot reach anything else.
+The pages only ever read ``*.json`` objects directly inside that folder (the summaries), and the
+shards a summary names below its own ``<key>/`` folder, through ``olmocr_tasks.manifest_reader`` (which
+reads old single-file manifests too). A run is looked up by the name of a file the listing returned,
+never by a path built from the request, so a crafted run id cannot reach anything else.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +19,7 @@ from typing import Any
 
 from olmocr_tasks.errors import StorageError, UnreadableSourceError
 from olmocr_tasks.manifest import MANIFESTS_DIR
+from olmocr_tasks.manifest_reader import ManifestFormatError, ManifestReader
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.uri import join_uri
 
@@ -82,14 +83,20 @@ class ManifestStore:
             files.append(ManifestFile(key=name.removesuffix(".json"), uri=info.uri, version=version))
         return files
 
-    def read(self, manifest: ManifestFile) -> dict[str, Any]:
+    def open(self, manifest: ManifestFile) -> ManifestReader:
+        """The run's summary; its entries are read from its shards only when asked for."""
         try:
-            data = json.loads(self.storage.read_bytes(manifest.uri))
-        except (StorageError, UnreadableSourceError, ValueError) as exc:
+            return ManifestReader.open(self.storage, manifest.uri)
+        except (StorageError, UnreadableSourceError, ManifestFormatError) as exc:
             raise ManifestReadError(f"{type(exc).__name__}: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ManifestReadError(f"expected a JSON object, found {type(data).__name__}")
-        return data
+
+    def read(self, manifest: ManifestFile) -> dict[str, Any]:
+        """The manifest whole (summary and every entry, the schema 2 shape the pages render)."""
+        reader = self.open(manifest)
+        try:
+            return reader.whole()
+        except (StorageError, UnreadableSourceError, ManifestFormatError, ValueError, KeyError) as exc:
+            raise ManifestReadError(f"{type(exc).__name__}: {exc}") from exc
 
     def find(self, key: str) -> ManifestFile | None:
         return next((manifest for manifest in self.list_files() if manifest.key == key), None)

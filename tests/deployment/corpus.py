@@ -7,7 +7,6 @@ names), never task return values.
 from __future__ import annotations
 
 import io
-import json
 import random
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -15,7 +14,8 @@ from typing import Any
 
 from pypdf import PdfReader, PdfWriter
 
-from olmocr_tasks.manifest import manifest_uri
+from olmocr_tasks.manifest_reader import read_manifest
+from olmocr_tasks.storage import Storage
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
 from tests.pdfgen import text_pdf
 
@@ -55,6 +55,14 @@ class Bucket:
         self.name = name
         self.s3 = boto3.client("s3", **options)
         self.sqs = boto3.client("sqs", **options)
+        # Manifests are read as any reader reads them: through olmocr_tasks' reader and storage.
+        self.storage = Storage(
+            {
+                "key": DUMMY_KEY,
+                "secret": DUMMY_SECRET,
+                "client_kwargs": {"endpoint_url": endpoint_url, "region_name": REGION},
+            }
+        )
 
     def uri(self, key: str) -> str:
         return f"s3://{self.name}/{key}"
@@ -99,9 +107,9 @@ class Bucket:
         return "Contents" in self.s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
 
     def manifest(self, output_uri: str, dag_id: str, run_id: str) -> dict[str, Any] | None:
-        """The published manifest of one Airflow run, or None when there is none (yet)."""
-        uri = manifest_uri(output_uri, f"{dag_id}__{run_id}")
-        return json.loads(self.read_bytes(uri)) if self.exists(uri) else None
+        """The published manifest of one Airflow run, whole (entries inline), or None when there is none (yet)."""
+        manifest = read_manifest(self.storage, output_uri, f"{dag_id}__{run_id}")
+        return None if manifest is None else manifest.whole()
 
     def keys(self, prefix: str) -> list[str]:
         pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.name, Prefix=prefix)
