@@ -449,13 +449,14 @@ class InferenceClient:
         failure: BaseException | None = None
         try:
             while True:
-                may_hedge = self._hedging.enabled and hedges < self._hedging.max_hedges
+                may_hedge = self._hedging.enabled and hedges < self._hedging.hedge_limit
                 timeout: float | None = None
                 hedge_now = False
                 if may_hedge:
                     self._hedging.observe_server(self._server_idle(), self._clock())
                     self._observe_reading()
-                    due_at = None if newest.backing_off else self._hedging.due_at(newest.last_attempt_started)
+                    sent_at = newest.last_attempt_started
+                    due_at = None if newest.backing_off else self._hedging.due_at(sent_at, hedges)
                     now = self._clock()
                     # Look again at least once per /metrics poll: the server's queue, and with it the
                     # rule that applies, may change; a request sent before the run's first answers is

@@ -33,6 +33,11 @@ no request at all, that request is not at the server (a proxy or load balancer h
 dropped it): it is hedged at once. Other clients' work can only hide this (their requests count), never
 fake it, and a request that finished between a reading and its answer is not old enough to be judged.
 
+``max_hedges_per_request`` bounds the pages a request may have decoded at once. A request the server
+says it does not hold costs it nothing, so past that bound the lost-request rule alone may send up to
+as many hedges again: with 5 % of requests hung, one page in about 8,000 has its request and both
+hedges hung, and would otherwise wait for the read timeout.
+
 No rule fires before a request is ``min_delay_s`` old. The caller checks that the server has room
 before it sends a hedge (``client``), so hedges take free capacity, never a queued page's place.
 
@@ -96,6 +101,8 @@ class HedgePolicy:
     def __init__(self, settings: ServerSettings, tracker: LatencyTracker | None = None) -> None:
         self.enabled = settings.hedge_requests and settings.max_hedges_per_request > 0
         self.max_hedges = settings.max_hedges_per_request
+        # Hedges the lost-request rule alone may add past ``max_hedges`` (see the module's text).
+        self.hedge_limit = 2 * self.max_hedges
         self._percentile = settings.hedge_percentile
         self._multiple = settings.hedge_multiple
         self._idle_multiple = settings.hedge_idle_multiple
@@ -146,13 +153,18 @@ class HedgePolicy:
         high = self.typical()
         return None if high is None else max(self._min_delay_s, self._multiple * high)
 
-    def due_at(self, sent_at: float) -> float | None:
-        """The moment a request sent at ``sent_at`` becomes worth hedging, as far as known now: the
-        earliest of the rules that apply (busy; idle while the server is idle; the cold-start rule
-        before ``MIN_SAMPLES`` answers; lost request). None only while hedging is off."""
-        if not self.enabled:
+    def due_at(self, sent_at: float, hedges_sent: int = 0) -> float | None:
+        """The moment the newest request of a page, sent at ``sent_at`` after ``hedges_sent`` hedges,
+        becomes worth hedging, as far as known now: the earliest of the rules that apply (busy; idle
+        while the server is idle; the cold-start rule before ``MIN_SAMPLES`` answers; lost request),
+        past ``max_hedges`` the lost-request rule alone. None while hedging is off, the page has had
+        ``hedge_limit`` hedges, or it has had ``max_hedges`` and the server has not said it is lost."""
+        if not self.enabled or hedges_sent >= self.hedge_limit:
             return None
         floor = sent_at + self._min_delay_s
+        lost = self.lost_at(sent_at)
+        if hedges_sent >= self.max_hedges:
+            return None if lost is None else max(floor, lost)
         high = self.typical()
         if high is not None:
             due = max(floor, sent_at + self._multiple * high)
@@ -164,7 +176,6 @@ class HedgePolicy:
             due = max(floor, sent_at + COLD_MULTIPLE * self._multiple * slowest)
         else:
             due = max(floor, sent_at + self._prior_s)
-        lost = self.lost_at(sent_at)
         if lost is not None:
             due = min(due, max(floor, lost))
         return due

@@ -203,3 +203,18 @@ def test_defaults_need_no_floor_of_minutes() -> None:
     policy.observe_server(idle=True, now=0.0)
     due = policy.due_at(0.0)
     assert due is not None and due <= 1.0
+
+
+def test_past_max_hedges_only_a_lost_request_is_hedged_again_up_to_the_limit() -> None:
+    # 0.5-s pages, two hedges sent already (the default max): the busy and idle rules stop there.
+    policy = policy_with([0.5] * 30)
+    policy.observe_server(idle=True, now=0.0)
+    assert policy.max_hedges == 2 and policy.hedge_limit == 4
+    assert policy.due_at(10.0, hedges_sent=1) == pytest.approx(11.0)
+    assert policy.due_at(10.0, hedges_sent=2) is None
+    # The server says it holds nothing: the newest request is not decoding anywhere, hedge it again.
+    for read_at in (11.2, 12.4):
+        policy.observe_reading(holds_requests=False, read_at=read_at)
+    assert policy.due_at(10.0, hedges_sent=2) == pytest.approx(12.4)
+    assert policy.due_at(10.0, hedges_sent=3) == pytest.approx(12.4)
+    assert policy.due_at(10.0, hedges_sent=4) is None

@@ -96,3 +96,20 @@ def test_a_slow_request_the_server_is_generating_is_not_hedged_at_cold_start(sta
     assert "document 1 page 1." in content_of(answer)
     assert stats.hedged == 0 and stats.outcomes == {"ok": 1}
     assert [r["outcome"] for r in requests_for(server, 1, 1)] == ["ok"]
+
+
+def test_a_page_whose_request_and_both_hedges_hang_is_hedged_again_while_the_server_holds_nothing(
+    standin_factory: Factory,
+) -> None:
+    # max_hedges_per_request (2) bounds duplicated decoding; requests the server does not hold decode
+    # nothing, so the lost-request rule may go past it instead of leaving the page to the read timeout.
+    server = standin_factory(scripts={"1:1": ["hang", "hang", "hang"]}, latency_s=0.05)
+
+    async def scenario() -> tuple[dict[str, Any], Any]:
+        async with InferenceClient(default_settings(server)) as client:
+            return await client.complete(page_body(1, 1)), client.stats()
+
+    answer, stats = run(scenario())
+    assert "document 1 page 1." in content_of(answer)
+    assert stats.hedged == 3 and stats.outcomes == {"ok": 1} and stats.retries == 0
+    assert [r["outcome"] for r in requests_for(server, 1, 1)] == ["hang", "hang", "hang", "ok"]
