@@ -378,3 +378,44 @@ def test_a_real_run_publishes_its_entries_to_shards_before_its_summary(
     assert manifest.document_count() == 6 and manifest.page(2, 2) == documents[2:4]
     # Shards sit in the run's own folder next to its summary.
     assert all(uri.startswith(join_uri(output_uri, "manifests", "streamed") + "/") for uri in manifest.shard_uris())
+
+
+# --------------------------------------------------------------------------- the runs page
+
+
+class ReadRecordingStorage(Storage):
+    """A real local storage that records which objects were read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def read_bytes(self, uri: str) -> bytes:
+        self.reads.append(uri)
+        return super().read_bytes(uri)
+
+
+def test_the_runs_page_serves_one_documents_output_reading_only_its_shard(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    plugins = str(REPO_ROOT / "plugins")
+    if plugins not in sys.path:
+        sys.path.insert(0, plugins)
+    from olmocr_runs import create_app
+
+    output = tmp_path / "out"
+    entries = [_entry(index, str(output)) for index in range(30)]
+    write_manifest(_header(str(output), "paged", entries), Storage(), shard_entries=10)
+    markdown = Path(entries[25].outputs["markdown"])
+    markdown.parent.mkdir(parents=True)
+    markdown.write_text("# page twenty-five")
+    storage = ReadRecordingStorage()
+    client = TestClient(create_app(str(output), storage_for=lambda uri: storage))
+
+    response = client.get("/runs/paged/documents/25/markdown")
+    assert response.status_code == 200 and response.text == "# page twenty-five"
+    reader = read_manifest(Storage(), str(output), "paged")
+    assert reader is not None
+    third_shard = reader.shard_uris("documents")[2]
+    assert storage.reads == [manifest_uri(str(output), "paged"), third_shard, str(markdown)]
+    assert client.get("/runs/paged/documents/30/markdown").status_code == 404

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -37,8 +38,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory, airflow_home: AirflowEnv, mot
 def copy_output(runs: RealRuns, output: Path) -> None:
     """The real runs' output tree under ``output`` (the manifests naming the copies), plus a corrupt manifest."""
     shutil.copytree(runs.output, output, dirs_exist_ok=True)
+    old, new = json.dumps(str(runs.output))[1:-1], json.dumps(str(output))[1:-1]
     for path in (output / "manifests").glob("*.json"):
-        path.write_text(path.read_text().replace(json.dumps(str(runs.output))[1:-1], json.dumps(str(output))[1:-1]))
+        path.write_text(path.read_text().replace(old, new))
+    # The entries are in the summaries' shards (gzip JSON Lines): they name the outputs too.
+    for path in (output / "manifests").rglob("*.jsonl.gz"):
+        path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()).decode().replace(old, new).encode()))
     (output / "manifests" / "broken-run.json").write_text('{"run_id": "broken", "documents": [')
 
 

@@ -368,7 +368,9 @@ def create_app(
         if manifest is None:
             return PlainTextResponse("No such run or output", status_code=404)
         try:
-            uri = output_of(store.read(manifest), index, kind)
+            # Only the shard holding this entry is read, not the whole run.
+            document = store.document(manifest, index)
+            uri = output_of({"documents": [document] if document else []}, 0, kind)
         except ManifestReadError as exc:
             return PlainTextResponse(f"Unreadable manifest: {exc}", status_code=422)
         if uri is None:

@@ -98,6 +98,17 @@ class ManifestStore:
         except (StorageError, UnreadableSourceError, ManifestFormatError, ValueError, KeyError) as exc:
             raise ManifestReadError(f"{type(exc).__name__}: {exc}") from exc
 
+    def document(self, manifest: ManifestFile, index: int) -> dict[str, Any] | None:
+        """One document entry by its position in the manifest, reading only the shard that holds it."""
+        if index < 0:
+            return None
+        reader = self.open(manifest)
+        try:
+            page = reader.page(index, 1)
+        except (StorageError, UnreadableSourceError, ManifestFormatError, ValueError, KeyError) as exc:
+            raise ManifestReadError(f"{type(exc).__name__}: {exc}") from exc
+        return page[0] if page and isinstance(page[0], dict) else None
+
     def find(self, key: str) -> ManifestFile | None:
         return next((manifest for manifest in self.list_files() if manifest.key == key), None)
 
