@@ -133,12 +133,23 @@ class DocumentEntry:
         self.hedged = totals.hedged
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # Field by field with shallow copies of the containers (the values are plain JSON values):
+        # a tenth of ``dataclasses.asdict``'s time, which counts when a publish writes a million entries.
+        data = {name: getattr(self, name) for name in _ENTRY_FIELDS}
+        for name, value in data.items():
+            if isinstance(value, list):
+                data[name] = list(value)
+            elif isinstance(value, dict):
+                data[name] = dict(value)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DocumentEntry:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in known})
+        return cls(**{key: value for key, value in data.items() if key in _ENTRY_FIELD_SET})
+
+
+_ENTRY_FIELDS = tuple(field.name for field in dataclasses.fields(DocumentEntry))
+_ENTRY_FIELD_SET = frozenset(_ENTRY_FIELDS)
 
 
 class RunTotals:
