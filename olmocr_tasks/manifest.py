@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from olmocr_tasks.gpu_busy import GpuBusy
+from olmocr_tasks.manifest_overview import OverviewFolder
 from olmocr_tasks.results import DocumentTotals
 from olmocr_tasks.storage import Storage
 
@@ -260,6 +261,8 @@ class Manifest:
     dead_letter_count: int | None = None
     # The shards holding the entries (set by ``ManifestWriter.commit``); None: inline entries.
     entries: dict[str, Any] | None = None
+    # What the runs page shows besides the counts (``olmocr_tasks.manifest_overview``), set by the writer.
+    overview: dict[str, Any] | None = None
 
     def _totals(self) -> RunTotals:
         return self.totals if self.totals is not None else RunTotals.of(self.documents)
@@ -343,6 +346,8 @@ class Manifest:
             "error_budget": self.error_budget,
             "airflow_run": self.airflow_run,
         }
+        if self.overview is not None:
+            data["overview"] = self.overview
         if self.entries is not None:
             data["entries"] = self.entries
         else:
@@ -380,6 +385,7 @@ class Manifest:
             totals=RunTotals.from_summary(data) if sharded else None,
             dead_letter_count=data.get("counts", {}).get("dead_letters", 0) if sharded else None,
             entries=data.get("entries") if sharded else None,
+            overview=data.get("overview") if isinstance(data.get("overview"), dict) else None,
         )
 
 
@@ -409,13 +415,17 @@ class _ShardStream:
         self._buffer: io.BytesIO | None = None
         self._gzip: gzip.GzipFile | None = None
         self._open_entries = 0
+        # Entries of the open shard per status: the runs page finds the shard holding the n-th
+        # failed document without reading the others.
+        self._statuses: Counter[str] = Counter()
 
-    def add(self, entry: DocumentEntry) -> None:
+    def add(self, entry: dict[str, Any]) -> None:
         if self._gzip is None:
             self._buffer = io.BytesIO()
             # mtime 0: the same entries make the same bytes.
             self._gzip = gzip.GzipFile(fileobj=self._buffer, mode="wb", mtime=0)
-        self._gzip.write(json.dumps(entry.to_dict(), ensure_ascii=False).encode("utf-8") + b"\n")
+        self._gzip.write(json.dumps(entry, ensure_ascii=False).encode("utf-8") + b"\n")
+        self._statuses[str(entry.get("status"))] += 1
         self._open_entries += 1
         self.count += 1
         if self._open_entries >= self.writer.shard_entries:
@@ -428,8 +438,10 @@ class _ShardStream:
         data = self._buffer.getvalue()
         name = f"{self.writer.publish_id}/{_SHARD_NAMES[self.kind]}-{len(self.shards):05d}{SHARD_SUFFIX}"
         self.writer.storage.write_bytes_atomic(self.writer.shards_uri + name, data, content_type="application/gzip")
-        self.shards.append({"path": name, "entries": self._open_entries, "bytes": len(data)})
+        statuses = dict(sorted(self._statuses.items()))
+        self.shards.append({"path": name, "entries": self._open_entries, "bytes": len(data), "statuses": statuses})
         self._buffer, self._gzip, self._open_entries = None, None, 0
+        self._statuses = Counter()
 
 
 class ManifestWriter:
@@ -455,19 +467,26 @@ class ManifestWriter:
         self.totals = RunTotals()
         self._documents = _ShardStream(self, DOCUMENTS_KIND)
         self._dead_letters = _ShardStream(self, DEAD_LETTERS_KIND)
+        self.overview = OverviewFolder()
 
     def add(self, entry: DocumentEntry) -> None:
+        data = entry.to_dict()
         self.totals.add(entry)
-        self._documents.add(entry)
+        # The latencies are kept once, by the totals (for the percentiles).
+        self.overview.add(data, latencies=False)
+        self._documents.add(data)
 
     def add_dead_letter(self, entry: DocumentEntry) -> None:
-        self._dead_letters.add(entry)
+        data = entry.to_dict()
+        self.overview.add_dead_letter(data)
+        self._dead_letters.add(data)
 
     def commit(self, manifest: Manifest) -> str:
         """Write the remaining shards, then ``manifest``'s summary with these totals; returns its URI."""
         for stream in (self._documents, self._dead_letters):
             stream.flush()
         manifest.totals = self.totals
+        manifest.overview = self.overview.finish(self.totals.latencies)
         manifest.dead_letter_count = self._dead_letters.count
         manifest.entries = {
             stream.kind: {"count": stream.count, "shards": stream.shards}

@@ -121,6 +121,28 @@ class ManifestReader:
                 found.append((each, base + path, int(shard.get("entries", 0))))
         return found
 
+    def shard_table(self, kind: str = DOCUMENTS_KIND) -> list[dict[str, Any]]:
+        """Each shard of one kind: ``uri``, ``start`` (position of its first entry), ``entries`` and
+        ``statuses`` (entries per status, None in summaries written before shards counted them)."""
+        table, start = [], 0
+        raw = (self.summary.get("entries") or {}).get(kind) or {} if self._inline is None else {}
+        for (_, uri, entries), shard in zip(self._shards(kind), raw.get("shards") or [], strict=True):
+            statuses = shard.get("statuses")
+            table.append(
+                {
+                    "uri": uri,
+                    "start": start,
+                    "entries": entries,
+                    "statuses": statuses if isinstance(statuses, dict) else None,
+                }
+            )
+            start += entries
+        return table
+
+    def read_shard(self, uri: str) -> list[dict[str, Any]]:
+        """Every entry of one shard (a ``uri`` from ``shard_uris`` or ``shard_table``)."""
+        return self._read_shard(uri)
+
     def iter_documents(self) -> Iterator[dict[str, Any]]:
         """Every document entry as a dict, in the order written, one shard in memory at a time."""
         return self._iter(DOCUMENTS_KIND)

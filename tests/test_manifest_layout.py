@@ -212,6 +212,17 @@ def test_a_large_runs_summary_stays_small_and_its_shards_hold_every_entry_once(t
     assert counts["converted"] + counts["skipped"] == documents - failed
     assert summary["error_classes"] == {"corrupt": failed}
     assert summary["metrics"]["latency_p50_s"] is not None and summary["metrics"]["accepted_attempt_histogram"]
+    # What the runs page shows besides the counts is folded into the summary, bounded.
+    overview = summary["overview"]
+    assert overview["failed"]["total"] == failed and len(overview["failed"]["first"]) == 25
+    assert [problem["index"] for problem in overview["failed"]["first"][:2]] == [7, 57]
+    assert overview["dead_letters"]["total"] == 1 and overview["failure_classes"] == {"corrupt": failed, "x": 1}
+    latencies = documents - failed  # one per converted or skipped entry of _entry
+    assert sum(n for _, n in overview["latency_histogram"]) == overview["latency_count"] == latencies
+    points = overview["progress"]["points"]
+    assert 300 <= len(points) <= 601 and points[-1][2] == counts["pages"]
+    # Each shard counts its entries per status: the page finds the n-th failed document's shard.
+    assert sum(shard["statuses"].get("failed", 0) for shard in shards) == failed
 
     reader = read_manifest(Storage(), output, "archive")
     assert reader is not None and reader.document_count() == documents
