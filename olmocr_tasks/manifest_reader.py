@@ -139,9 +139,22 @@ class ManifestReader:
             start += entries
         return table
 
-    def read_shard(self, uri: str) -> list[dict[str, Any]]:
-        """Every entry of one shard (a ``uri`` from ``shard_uris`` or ``shard_table``)."""
-        return self._read_shard(uri)
+    def read_shard(self, uri: str, contains: str | None = None) -> list[tuple[int, dict[str, Any]]]:
+        """The entries of one shard (a ``uri`` from ``shard_table``) with their line numbers.
+
+        ``contains``: only lines whose text holds it (any letter case) are parsed, a cheap first cut
+        for a search by name (the caller still checks the field it means).
+        """
+        try:
+            text = gzip.decompress(self.storage.read_bytes(uri)).decode("utf-8")
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise ManifestFormatError(f"shard {uri} is not gzip: {exc}") from exc
+        needle = contains.casefold() if contains else None
+        return [
+            (number, json.loads(line))
+            for number, line in enumerate(text.splitlines())
+            if line.strip() and (needle is None or needle in line.casefold())
+        ]
 
     def iter_documents(self) -> Iterator[dict[str, Any]]:
         """Every document entry as a dict, in the order written, one shard in memory at a time."""

@@ -30,16 +30,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from olmocr_tasks.access import AccessPolicy, LocationNotAllowedError
 from olmocr_tasks.errors import StorageError, UnreadableSourceError
+from olmocr_tasks.manifest_reader import ManifestFormatError
 from olmocr_tasks.redaction import redact_url
 from olmocr_tasks.storage import Storage
 
 from . import charts
+from .paging import PAGE_SIZE, STATES, page_of_documents, search_runs
 from .runs import (
     OUTPUT_KINDS,
     STATUS_LABELS,
-    DocumentRow,
     RunDetail,
-    RunSummary,
     build_detail,
     output_of,
     parse_time,
@@ -54,8 +54,11 @@ AIRFLOW_VARIABLE = "olmocr_output_uri"
 # A Variable lookup is a database query; the list page may be reloaded often.
 _VARIABLE_TTL_S = 30.0
 MAX_PER_PAGE = 500
-# Documents listed for one search across runs; a longer result asks for a more specific name.
-MAX_MATCHES = 500
+# Documents listed per page of a search across runs; the next page continues where it stopped.
+MAX_MATCHES = 100
+# Entries of the documents API per request.
+MAX_API_DOCUMENTS = 1000
+_READ_ERRORS = (StorageError, UnreadableSourceError, ManifestFormatError, ValueError, KeyError)
 # Shown for figures a manifest does not have (an en dash, written as an escape for ruff's RUF001).
 _BLANK = "\u2013"
 
@@ -187,13 +190,13 @@ def _charts(detail: RunDetail) -> list[dict[str, Any]]:
             "svg": Markup(
                 charts.bar_chart(
                     "Page latency distribution",
-                    charts.histogram_bins(detail.page_latencies),
+                    detail.latency_bins,
                     x_label="seconds per page (accepted attempt), bin lower edge",
                     y_label="pages",
                     empty_message="No page latencies recorded",
                 )
             ),
-            "caption": f"{len(detail.page_latencies):,} page latencies from the documents of this run.",
+            "caption": f"{detail.latency_count:,} page latencies from the documents of this run.",
         },
         {
             "svg": Markup(
@@ -220,19 +223,6 @@ def _charts(detail: RunDetail) -> list[dict[str, Any]]:
             "caption": "Pages accepted on the first try, and how many needed retries.",
         },
     ]
-
-
-def _search(runs: list[RunSummary], query: str) -> list[tuple[RunSummary, DocumentRow]]:
-    """Documents whose source contains ``query`` (any letter case), newest run first."""
-    needle = query.casefold()
-    found = []
-    for run in runs:
-        for row in run.documents:
-            if needle in row.source.casefold():
-                found.append((run, row))
-                if len(found) >= MAX_MATCHES:
-                    return found
-    return found
 
 
 def create_app(
@@ -275,6 +265,8 @@ def create_app(
         page: int = Query(1, ge=1),
         per_page: int = Query(50, ge=1, le=MAX_PER_PAGE),
         q: str = Query("", max_length=500, description="part of a source name, searched across every run"),
+        from_run: str = Query("", max_length=300, description="a search's continuation: the run it resumes in"),
+        start: int = Query(0, ge=0, alias="from", description="a search's continuation: the position in that run"),
     ) -> HTMLResponse:
         store = location.store()
         query = q.strip()
@@ -291,11 +283,27 @@ def create_app(
                 per_page=per_page,
                 total=0,
                 query=query,
-                matches=None,
+                search=None,
                 airflow_base=_airflow_base(request, airflow_ui_base),
             )
         listing = store.listing()
-        matches = _search(listing.runs, query) if query else None
+        search = None
+        if query:
+            # Bounded: a page of matches or SCAN_BUDGET entries per request, newest run first.
+            def reader_of(run: Any) -> Any:
+                try:
+                    return store.reader(listing.files[run.key])
+                except ManifestReadError:
+                    return None
+
+            try:
+                search = search_runs(
+                    listing.runs, reader_of, query, from_run=from_run or None, start=start, max_hits=MAX_MATCHES
+                )
+            except _READ_ERRORS as exc:
+                listing.notes.append(
+                    f"The search stopped at an unreadable manifest shard ({type(exc).__name__}: {exc})."
+                )
         total = len(listing.runs)
         pages = max(1, math.ceil(total / per_page))
         page = min(page, pages)
@@ -313,12 +321,19 @@ def create_app(
             per_page=per_page,
             total=total,
             query=query,
-            matches=matches,
+            search=search,
             airflow_base=_airflow_base(request, airflow_ui_base),
         )
 
     @app.get("/runs/{run_key}", response_class=HTMLResponse, name="run_page")
-    def run_page(request: Request, run_key: str) -> HTMLResponse:
+    def run_page(
+        request: Request,
+        run_key: str,
+        page: int = Query(1, ge=1, description="page of the documents table"),
+        state: str = Query("", description="only documents of this status: converted, failed or skipped"),
+        q: str = Query("", max_length=500, description="only documents whose source contains this"),
+        start: int = Query(0, ge=0, alias="from", description="a name search's continuation: the position"),
+    ) -> HTMLResponse:
         store = location.store()
         if store is None:
             return _page(
@@ -333,8 +348,11 @@ def create_app(
         if manifest is None:
             return _page(request, "not_found.html", status_code=404, what="run", run_key=run_key)
         try:
-            data = store.read(manifest)
-        except ManifestReadError as exc:
+            # The summary (with the charts' overview), and the shard(s) of the one page shown.
+            reader = store.reader(manifest)
+            overview = store.overview(manifest, reader)
+            documents = page_of_documents(reader, page=page, state=state, query=q.strip(), start=start)
+        except (ManifestReadError, *_READ_ERRORS) as exc:
             return _page(
                 request,
                 "not_found.html",
@@ -343,12 +361,15 @@ def create_app(
                 run_key=run_key,
                 message=f"The manifest of this run could not be read ({exc}).",
             )
-        detail = build_detail(manifest.key, data, _airflow_base(request, airflow_ui_base))
+        detail = build_detail(manifest.key, reader.summary, overview, _airflow_base(request, airflow_ui_base))
         return _page(
             request,
             "run.html",
             airflow_base=_airflow_base(request, airflow_ui_base),
             run=detail,
+            documents=documents,
+            states=STATES,
+            page_size=PAGE_SIZE,
             charts=_charts(detail),
             server_json=json.dumps(detail.server, indent=1, sort_keys=True, default=str),
             settings_json=json.dumps(detail.settings, indent=1, sort_keys=True, default=str),
@@ -369,8 +390,7 @@ def create_app(
             return PlainTextResponse("No such run or output", status_code=404)
         try:
             # Only the shard holding this entry is read, not the whole run.
-            document = store.document(manifest, index)
-            uri = output_of({"documents": [document] if document else []}, 0, kind)
+            uri = output_of(store.document(manifest, index), kind)
         except ManifestReadError as exc:
             return PlainTextResponse(f"Unreadable manifest: {exc}", status_code=422)
         if uri is None:
@@ -416,8 +436,9 @@ def create_app(
         return JSONResponse(body, status_code=502 if listing.error else 200)
 
     @app.get("/api/runs/{run_key}", name="api_run")
-    def api_run(run_key: str) -> JSONResponse:
-        """The manifest as stored, for scripts that want every field."""
+    def api_run(request: Request, run_key: str) -> JSONResponse:
+        """The run's summary as stored (counts, metrics, verdict, overview, shard list), without its
+        entries: those are paged by ``/api/runs/<key>/documents`` (``documents_api``)."""
         store = location.store()
         if store is None:
             return JSONResponse({"detail": _not_configured_message()}, status_code=503)
@@ -425,10 +446,51 @@ def create_app(
         if manifest is None:
             return JSONResponse({"detail": "No such run"}, status_code=404)
         try:
-            data = store.read(manifest)
+            reader = store.reader(manifest)
         except ManifestReadError as exc:
             return JSONResponse({"detail": f"Unreadable manifest: {exc}"}, status_code=422)
+        data = reader.summary
         # Writers keep secrets out already; scrubbing again costs nothing and covers older writers.
-        return JSONResponse({**data, **{k: scrub(data[k]) for k in ("server", "settings") if k in data}})
+        body = {**data, **{k: scrub(data[k]) for k in ("server", "settings") if k in data}}
+        body["documents_api"] = f"{_base_path(request)}/api/runs/{quote(manifest.key, safe='')}/documents"
+        body["document_count"] = reader.document_count()
+        body["dead_letter_count"] = reader.document_count("dead_letters")
+        return JSONResponse(body)
+
+    @app.get("/api/runs/{run_key}/documents", name="api_run_documents")
+    def api_run_documents(
+        request: Request,
+        run_key: str,
+        offset: int = Query(0, ge=0),
+        limit: int = Query(100, ge=1, le=MAX_API_DOCUMENTS),
+        kind: str = Query("documents", pattern="^(documents|dead_letters)$"),
+    ) -> JSONResponse:
+        """Entries ``offset`` to ``offset + limit`` of the run's documents (or dead letters), as written,
+        reading only the shards that hold them; ``next`` is the following page's URL (null at the end)."""
+        store = location.store()
+        if store is None:
+            return JSONResponse({"detail": _not_configured_message()}, status_code=503)
+        manifest = store.find(run_key)
+        if manifest is None:
+            return JSONResponse({"detail": "No such run"}, status_code=404)
+        try:
+            reader = store.reader(manifest)
+            total = reader.document_count(kind)
+            entries = reader.page(offset, limit, kind)
+        except (ManifestReadError, *_READ_ERRORS) as exc:
+            return JSONResponse({"detail": f"Unreadable manifest: {exc}"}, status_code=422)
+        after = offset + len(entries)
+        path = f"{_base_path(request)}/api/runs/{quote(manifest.key, safe='')}/documents"
+        return JSONResponse(
+            {
+                "run_id": reader.summary.get("run_id"),
+                "kind": kind,
+                "total": total,
+                "offset": offset,
+                "limit": limit,
+                kind: entries,
+                "next": f"{path}?kind={kind}&offset={after}&limit={limit}" if after < total else None,
+            }
+        )
 
     return app

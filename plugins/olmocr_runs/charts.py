@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from html import escape
 from itertools import count
 
+from olmocr_tasks.manifest_overview import AXIS_STEPS, BIN_STEPS, format_number, histogram_bins, nice_ceiling
+
 WIDTH = 560
 HEIGHT = 260
 # Room for the axis labels and tick labels around the plot area.
@@ -25,51 +27,9 @@ _MAX_POINTS = 600
 _ids = count(1)
 
 
-# Axis maxima whose quarters are round too (axes have four intervals), and bin widths for histograms.
-AXIS_STEPS = (1.0, 1.2, 1.6, 2.0, 2.4, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
-BIN_STEPS = (1.0, 2.0, 2.5, 5.0, 10.0)
-
-
-def nice_ceiling(value: float, steps: Sequence[float] = AXIS_STEPS) -> float:
-    """The smallest step times a power of ten that is >= value, so ticks and bins are round numbers."""
-    if value <= 0 or not math.isfinite(value):
-        return 1.0
-    exponent = math.floor(math.log10(value))
-    for step in steps:
-        candidate = round(step * 10**exponent, 12)
-        if candidate >= value * (1 - 1e-12):
-            return candidate
-    return 10.0 ** (exponent + 1)
-
-
-def format_number(value: float) -> str:
-    """Tick labels: integers without decimals, small values with up to two significant decimals."""
-    if value == int(value) and abs(value) < 1e15:
-        whole = int(value)
-        if abs(whole) >= 10_000:
-            return f"{whole / 1000:g}k"
-        return str(whole)
-    if abs(value) >= 100:
-        return f"{value:.0f}"
-    if abs(value) >= 1:
-        return f"{value:.1f}".rstrip("0").rstrip(".")
-    return f"{value:.2f}".rstrip("0").rstrip(".")
-
-
-def histogram_bins(values: Sequence[float], bins: int = 12) -> list[tuple[str, int]]:
-    """Equal-width bins from 0 to the largest value, labelled by their lower edge in seconds."""
-    finite = [v for v in values if isinstance(v, int | float) and math.isfinite(v) and v >= 0]
-    if not finite:
-        return []
-    top = max(finite)
-    if top == 0:
-        return [("0 s", len(finite))]
-    width = nice_ceiling(top / bins, BIN_STEPS)
-    n_bins = max(1, min(bins, math.ceil(top / width + 1e-9)))
-    counts = [0] * n_bins
-    for value in finite:
-        counts[min(int(value / width), n_bins - 1)] += 1
-    return [(f"{format_number(i * width)} s", n) for i, n in enumerate(counts)]
+# The binning and tick rules are shared with the publish step, which folds the latency histogram
+# into the summary (olmocr_tasks.manifest_overview).
+__all__ = ["AXIS_STEPS", "BIN_STEPS", "bar_chart", "format_number", "histogram_bins", "line_chart", "nice_ceiling"]
 
 
 def _frame(title: str, description: str, body: list[str], x_label: str, y_label: str) -> str:

@@ -9,7 +9,6 @@ ones shown as blanks, so a schema change never takes the pages down.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
@@ -143,15 +142,13 @@ class RunSummary:
     model: str
     trigger: str = ""
     sort_key: tuple[datetime, str] = field(repr=False, default=(_EPOCH, ""))
-    # Every document of the run, for the search across runs (not part of the JSON summary).
-    documents: list[DocumentRow] = field(repr=False, default_factory=list)
 
     @property
     def status_label(self) -> str:
         return STATUS_LABELS.get(self.status, self.status)
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("sort_key", "documents")}
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sort_key"}
         data["counts"] = dict(self.counts)
         data["status_label"] = self.status_label
         return data
@@ -174,7 +171,6 @@ def summarize(key: str, data: dict[str, Any]) -> RunSummary:
         estimated_cost=_float(cost.get("estimated_cost")),
         model=_text(data.get("model")),
         trigger=trigger_of(data).label,
-        documents=document_rows(data),
         # Runs without a readable finish time sort after all others.
         sort_key=(parse_time(finished) or _EPOCH, key),
     )
@@ -268,38 +264,33 @@ class DocumentRow:
         return task_log_href(self.task, airflow_base)
 
 
-def document_rows(data: dict[str, Any]) -> list[DocumentRow]:
-    rows = []
-    for index, doc in enumerate(_entries(data, "documents")):
-        outputs = doc.get("outputs") if isinstance(doc.get("outputs"), dict) else {}
-        rows.append(
-            DocumentRow(
-                index=index,
-                source=_text(doc.get("source")),
-                status=_text(doc.get("status")),
-                pages=_int(doc.get("pages")),
-                fallback_pages=_int(doc.get("fallback_pages")),
-                input_tokens=_int(doc.get("input_tokens")),
-                output_tokens=_int(doc.get("output_tokens")),
-                error_class=_text(doc.get("error_class")),
-                error=_text(doc.get("error")),
-                skip_reason=_text(doc.get("skip_reason")),
-                outputs=tuple(kind for kind in OUTPUT_KINDS if isinstance(outputs.get(kind), str)),
-                task=doc.get("task") if isinstance(doc.get("task"), dict) else None,
-                redriven=doc.get("redriven") is True,
-                claimed_by=_text(doc.get("claimed_by")),
-                retry_from=_text(doc.get("retry_from")),
-            )
-        )
-    return rows
+def document_row(index: int, doc: dict[str, Any]) -> DocumentRow:
+    """The row of the entry at position ``index`` of the manifest's documents."""
+    outputs = doc.get("outputs") if isinstance(doc.get("outputs"), dict) else {}
+    return DocumentRow(
+        index=index,
+        source=_text(doc.get("source")),
+        status=_text(doc.get("status")),
+        pages=_int(doc.get("pages")),
+        fallback_pages=_int(doc.get("fallback_pages")),
+        input_tokens=_int(doc.get("input_tokens")),
+        output_tokens=_int(doc.get("output_tokens")),
+        error_class=_text(doc.get("error_class")),
+        error=_text(doc.get("error")),
+        skip_reason=_text(doc.get("skip_reason")),
+        outputs=tuple(kind for kind in OUTPUT_KINDS if isinstance(outputs.get(kind), str)),
+        task=doc.get("task") if isinstance(doc.get("task"), dict) else None,
+        redriven=doc.get("redriven") is True,
+        claimed_by=_text(doc.get("claimed_by")),
+        retry_from=_text(doc.get("retry_from")),
+    )
 
 
-def output_of(data: dict[str, Any], index: int, kind: str) -> str | None:
+def output_of(document: dict[str, Any] | None, kind: str) -> str | None:
     """The URI the manifest gives for one document's output, or None."""
-    documents = _entries(data, "documents")
-    if kind not in OUTPUT_KINDS or not 0 <= index < len(documents):
+    if kind not in OUTPUT_KINDS or not isinstance(document, dict):
         return None
-    outputs = documents[index].get("outputs")
+    outputs = document.get("outputs")
     uri = outputs.get(kind) if isinstance(outputs, dict) else None
     return uri if isinstance(uri, str) and uri else None
 
@@ -354,26 +345,24 @@ class RunDetail:
     settings: dict[str, Any]
     input_uri: str
     output_uri: str
-    problems: list[ProblemRow]
+    # The first failed documents and dead letters (the summary keeps a few), with their totals.
+    failed: list[ProblemRow]
+    failed_total: int
+    dead_letters: list[ProblemRow]
+    dead_letters_total: int
     progress: list[tuple[float, float]]
     progress_note: str
-    page_latencies: list[float]
+    latency_bins: list[tuple[str, int]]
+    latency_count: int
     failures_by_class: list[tuple[str, int]]
     attempt_histogram: list[tuple[str, int]]
     # The publish task's verdict: why the run counts as failed (empty within budget or for CLI runs).
     budget_problems: list[str] = field(default_factory=list)
-    documents: list[DocumentRow] = field(default_factory=list)
     trigger: Trigger | None = None
 
 
-def _entries(data: dict[str, Any], field_name: str) -> list[dict[str, Any]]:
-    entries = data.get(field_name)
-    if not isinstance(entries, list):
-        return []
-    return [entry for entry in entries if isinstance(entry, dict)]
-
-
-def _problem(kind: str, entry: dict[str, Any], airflow_base: str) -> ProblemRow:
+def _problem(kind: str, entry: Any, airflow_base: str) -> ProblemRow:
+    entry = entry if isinstance(entry, dict) else {}
     return ProblemRow(
         kind=kind,
         source=_text(entry.get("source")),
@@ -385,53 +374,37 @@ def _problem(kind: str, entry: dict[str, Any], airflow_base: str) -> ProblemRow:
     )
 
 
-def progress_points(data: dict[str, Any], elapsed_s: float | None) -> tuple[list[tuple[float, float]], str]:
+def progress_points(progress: Any, elapsed_s: float | None) -> tuple[list[tuple[float, float]], str]:
     """Cumulative converted pages against seconds since the run started, and how they were derived.
 
     Documents carry no start or finish time, only how long each took, and many run concurrently.
     So the documents are taken in manifest order and each is placed on the run's wall clock in
     proportion to the share of all conversion seconds spent up to and including it: the curve's end
-    points are exact, its shape an estimate.
+    points are exact, its shape an estimate. The summary's overview holds the points as
+    [documents so far, conversion seconds so far, converted pages so far], thinned at publish.
     """
-    documents = _entries(data, "documents")
-    if not any(doc.get("status") == "converted" for doc in documents):
+    progress = progress if isinstance(progress, dict) else {}
+    points = [p for p in progress.get("points") or [] if isinstance(p, list) and len(p) == 3]
+    if not points:
         return [], "No document was converted in this run."
-    seconds = [max(_float(doc.get("seconds")) or 0.0, 0.0) for doc in documents]
-    busy = sum(seconds)
+    documents = max(_int(progress.get("documents")), 1)
+    busy = _float(progress.get("busy_s")) or 0.0
     wall = elapsed_s if elapsed_s and elapsed_s > 0 else busy
-    points, clock, pages_total = [(0.0, 0.0)], 0.0, 0
-    for index, (doc, spent) in enumerate(zip(documents, seconds, strict=True)):
+    curve = [(0.0, 0.0)]
+    for done, spent, pages in points:
         # Without any timing at all, spread the documents evenly over the run.
-        clock += spent if busy else 1.0
-        fraction = clock / busy if busy else (index + 1) / len(documents)
-        if doc.get("status") == "converted":
-            pages_total += _int(doc.get("pages"))
-            points.append((round(wall * fraction, 3), float(pages_total)))
-    return points, (
+        fraction = (_float(spent) or 0.0) / busy if busy else _int(done) / documents
+        curve.append((round(wall * fraction, 3), float(_int(pages))))
+    return curve, (
         "Estimated: documents are placed on the run's wall clock in manifest order, in proportion "
         "to their conversion seconds. The final total is exact."
     )
 
 
-def build_detail(key: str, data: dict[str, Any], airflow_base: str = "") -> RunDetail:
+def build_detail(key: str, data: dict[str, Any], overview: dict[str, Any], airflow_base: str = "") -> RunDetail:
+    """The run page from the summary ``data`` and its ``overview`` (no entries needed)."""
     summary = summarize(key, data)
     metrics = metrics_of(data)
-    documents = _entries(data, "documents")
-    dead_letters = _entries(data, "dead_letters")
-
-    problems = [_problem("failed", doc, airflow_base) for doc in documents if doc.get("status") == "failed"]
-    problems += [_problem("dead letter", doc, airflow_base) for doc in dead_letters]
-
-    # A dead letter is usually also this run's failed document: count each source version once.
-    seen: set[tuple[str, str]] = set()
-    failure_classes: Counter[str] = Counter()
-    for doc in [d for d in documents if d.get("status") == "failed"] + dead_letters:
-        identity = (_text(doc.get("source")), _text(doc.get("sha256")))
-        if identity in seen:
-            continue
-        seen.add(identity)
-        failure_classes[_text(doc.get("error_class")) or "unknown"] += 1
-
     histogram = metrics.get("accepted_attempt_histogram")
     attempts = (
         sorted(
@@ -441,15 +414,11 @@ def build_detail(key: str, data: dict[str, Any], airflow_base: str = "") -> RunD
         if isinstance(histogram, dict)
         else []
     )
-
-    latencies = [
-        value
-        for doc in documents
-        if isinstance(doc.get("page_latencies_s"), list)
-        for value in (_float(v) for v in doc["page_latencies_s"])
-        if value is not None
-    ]
-    progress, progress_note = progress_points(data, _float(metrics.get("elapsed_s")))
+    progress, progress_note = progress_points(overview.get("progress"), _float(metrics.get("elapsed_s")))
+    classes = overview.get("failure_classes") if isinstance(overview.get("failure_classes"), dict) else {}
+    failed = overview.get("failed") if isinstance(overview.get("failed"), dict) else {}
+    dead = overview.get("dead_letters") if isinstance(overview.get("dead_letters"), dict) else {}
+    bins = overview.get("latency_histogram") if isinstance(overview.get("latency_histogram"), list) else []
     cost = metrics.get("cost") if isinstance(metrics.get("cost"), dict) else None
     server = data.get("server")
     settings = data.get("settings")
@@ -467,13 +436,16 @@ def build_detail(key: str, data: dict[str, Any], airflow_base: str = "") -> RunD
         settings=scrub(settings) if isinstance(settings, dict) else {},
         input_uri=scrub(_text(data.get("input_uri"))),
         output_uri=scrub(_text(data.get("output_uri"))),
-        problems=problems,
+        failed=[_problem("failed", entry, airflow_base) for entry in failed.get("first") or []],
+        failed_total=_int(failed.get("total")),
+        dead_letters=[_problem("dead letter", entry, airflow_base) for entry in dead.get("first") or []],
+        dead_letters_total=_int(dead.get("total")),
         progress=progress,
         progress_note=progress_note,
-        page_latencies=latencies,
-        failures_by_class=sorted(failure_classes.items(), key=lambda item: (-item[1], item[0])),
+        latency_bins=[(_text(b[0]), _int(b[1])) for b in bins if isinstance(b, list) and len(b) == 2],
+        latency_count=_int(overview.get("latency_count")),
+        failures_by_class=sorted(((str(k), _int(v)) for k, v in classes.items()), key=lambda item: (-item[1], item[0])),
         attempt_histogram=attempts,
         budget_problems=[_text(problem) for problem in budget_problems] if budget.get("exceeded") is True else [],
-        documents=document_rows(data),
         trigger=trigger_of(data),
     )

@@ -5,8 +5,10 @@ the engine's retries, error translation and credential scrubbing.
 
 The pages only ever read ``*.json`` objects directly inside that folder (the summaries), and the
 shards a summary names below its own ``<key>/`` folder, through ``olmocr_tasks.manifest_reader`` (which
-reads old single-file manifests too). A run is looked up by the name of a file the listing returned,
-never by a path built from the request, so a crafted run id cannot reach anything else.
+reads old single-file manifests too). The list reads summaries only (cached by version); a run's page
+reads its summary and the shards of the documents it shows (``paging``). A run is looked up by the
+name of a file the listing returned, never by a path built from the request, so a crafted run id
+cannot reach anything else.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from olmocr_tasks.errors import StorageError, UnreadableSourceError
 from olmocr_tasks.manifest import MANIFESTS_DIR
+from olmocr_tasks.manifest_overview import overview_of
 from olmocr_tasks.manifest_reader import ManifestFormatError, ManifestReader
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.uri import join_uri
@@ -53,6 +56,8 @@ class Listing:
     runs: list[RunSummary] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    # The file of each listed run, by key (for reading its entries without listing again).
+    files: dict[str, ManifestFile] = field(default_factory=dict)
 
 
 class ManifestStore:
@@ -64,7 +69,11 @@ class ManifestStore:
         self.storage = storage or Storage()
         self._dir = join_uri(output_uri, MANIFESTS_DIR)
         self._lock = threading.Lock()
-        self._summaries: dict[str, tuple[str, RunSummary | str]] = {}
+        # Per summary URI: (version, the run's list row or a note, its reader). A reader holds the
+        # summary only (schema 3, small); an old manifest's entries are inline and kept with it, as before.
+        self._summaries: dict[str, tuple[str, RunSummary | str, ManifestReader | None]] = {}
+        # Overviews folded from the entries of runs published without one, per (URI, version).
+        self._overviews: dict[tuple[str, str], dict[str, Any]] = {}
 
     @property
     def display_dir(self) -> str:
@@ -90,19 +99,38 @@ class ManifestStore:
         except (StorageError, UnreadableSourceError, ManifestFormatError) as exc:
             raise ManifestReadError(f"{type(exc).__name__}: {exc}") from exc
 
-    def read(self, manifest: ManifestFile) -> dict[str, Any]:
-        """The manifest whole (summary and every entry, the schema 2 shape the pages render)."""
-        reader = self.open(manifest)
+    def reader(self, manifest: ManifestFile) -> ManifestReader:
+        """The run's summary from the listing's cache when it is current, else read; entries stay unread."""
+        with self._lock:
+            cached = self._summaries.get(manifest.uri)
+        if cached is not None and cached[0] == manifest.version and cached[2] is not None:
+            return cached[2]
+        return self.open(manifest)
+
+    def overview(self, manifest: ManifestFile, reader: ManifestReader) -> dict[str, Any]:
+        """What the run page's charts and problem list show: the summary's ``overview``, or for runs
+        published before it, folded once from every entry and kept per version."""
+        stored = reader.summary.get("overview")
+        if isinstance(stored, dict):
+            return stored
+        key = (manifest.uri, manifest.version)
+        with self._lock:
+            if key in self._overviews:
+                return self._overviews[key]
         try:
-            return reader.whole()
+            folded = overview_of(reader.iter_documents(), reader.iter_dead_letters())
         except (StorageError, UnreadableSourceError, ManifestFormatError, ValueError, KeyError) as exc:
             raise ManifestReadError(f"{type(exc).__name__}: {exc}") from exc
+        with self._lock:
+            self._overviews = {k: v for k, v in self._overviews.items() if k[0] != manifest.uri}
+            self._overviews[key] = folded
+        return folded
 
     def document(self, manifest: ManifestFile, index: int) -> dict[str, Any] | None:
         """One document entry by its position in the manifest, reading only the shard that holds it."""
         if index < 0:
             return None
-        reader = self.open(manifest)
+        reader = self.reader(manifest)
         try:
             page = reader.page(index, 1)
         except (StorageError, UnreadableSourceError, ManifestFormatError, ValueError, KeyError) as exc:
@@ -125,12 +153,13 @@ class ManifestStore:
         stale = [f for f in files if cached.get(f.uri, ("",))[0] != f.version]
         if stale:
             with ThreadPoolExecutor(max_workers=min(_READ_WORKERS, len(stale))) as pool:
-                for manifest, result in zip(stale, pool.map(self._summarize, stale), strict=True):
-                    cached[manifest.uri] = (manifest.version, result)
+                for manifest, (result, reader) in zip(stale, pool.map(self._summarize, stale), strict=True):
+                    cached[manifest.uri] = (manifest.version, result, reader)
         present = {f.uri for f in files}
         with self._lock:
             # Forget deleted files so the cache never outgrows the folder.
             self._summaries = {path: entry for path, entry in cached.items() if path in present}
+            self._overviews = {key: value for key, value in self._overviews.items() if key[0] in present}
 
         listing = Listing()
         for manifest in files:
@@ -139,16 +168,22 @@ class ManifestStore:
                 listing.notes.append(result)
             else:
                 listing.runs.append(result)
+                listing.files[result.key] = manifest
         listing.runs.sort(key=lambda run: run.sort_key, reverse=True)
         listing.notes.sort()
         return listing
 
-    def _summarize(self, manifest: ManifestFile) -> RunSummary | str:
+    def _summarize(self, manifest: ManifestFile) -> tuple[RunSummary | str, ManifestReader | None]:
+        """The run's list row from its summary alone (no shard is read), and the summary's reader."""
         try:
-            return summarize(manifest.key, self.read(manifest))
+            reader = self.open(manifest)
+            return summarize(manifest.key, reader.summary), reader
         except ManifestReadError as exc:
             log.warning("Skipping unreadable manifest %s: %s", manifest.uri, exc)
-            return f"{MANIFESTS_DIR}/{manifest.key}.json could not be read ({exc}); it is left out."
+            return f"{MANIFESTS_DIR}/{manifest.key}.json could not be read ({exc}); it is left out.", None
         except Exception as exc:  # a manifest of an unexpected shape must not break the list
             log.exception("Skipping manifest %s", manifest.uri)
-            return f"{MANIFESTS_DIR}/{manifest.key}.json has an unexpected shape ({type(exc).__name__}: {exc})."
+            return (
+                f"{MANIFESTS_DIR}/{manifest.key}.json has an unexpected shape ({type(exc).__name__}: {exc}).",
+                None,
+            )
