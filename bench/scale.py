@@ -1,0 +1,177 @@
+"""The growth curve of one CLI run: N distinct one-page PDFs through ``olmocr-tasks convert``.
+
+For each N (default 1,000 / 10,000 / 100,000) the harness writes N one-page PDFs, each with its own
+text (no two documents share content, so none is deduplicated), runs the CLI against the stand-in in
+the CPU-bound regime (rendering is the limit, as in the other benches) and records wall time,
+pages/s, the peak RSS of the CLI's process tree (``bench.measure``: summed over the CLI and its render
+workers, sampled every 50 ms), the manifest's summary and shard bytes, the objects the run wrote per
+document, and then the wall time of a second run that finds 20 new documents over that history.
+
+The PDFs are written by hand (a few hundred bytes each, ~20 µs a document) rather than with
+reportlab: 100,000 documents would otherwise take minutes to generate. Each page holds 30 lines of
+text in Helvetica, so rendering it costs what a short text page costs.
+
+    python -m bench.scale [--documents 1000 10000 100000] [--work DIR]
+
+Results: one JSON line per N in ``bench/results/scale.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import CPU_BOUND, MODEL, RESULTS_DIR, VENV_BIN, fresh_dir, standin, subprocess_env
+from bench.measure import run_measured
+from olmocr_tasks.manifest import SHARD_SUFFIX
+from olmocr_tasks.manifest_reader import open_manifest
+
+RESULT_FILE = RESULTS_DIR / "scale.jsonl"
+NEW_DOCUMENTS = 20
+_LINES = 30
+
+
+def one_page_pdf(doc_id: int) -> bytes:
+    """A valid one-page PDF whose text names ``doc_id`` on every line (so its bytes are its own)."""
+    lines = [b"BT /F1 11 Tf 54 740 Td 14 TL"]
+    for line in range(_LINES):
+        lines.append(
+            b"(Document %d, line %d: the quick brown fox jumps over the lazy dog %d.) '"
+            % (doc_id, line, doc_id * 31 + line)
+        )
+    lines.append(b"ET")
+    stream = b"\n".join(lines)
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R"
+        b" /Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref_at = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    for offset in offsets:
+        out += b"%010d 00000 n \n" % offset
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref_at)
+    return bytes(out)
+
+
+def write_corpus(folder: Path, start: int, count: int) -> None:
+    """Documents ``start .. start+count-1``, 1,000 to a sub-folder (as an archive would nest them)."""
+    for doc_id in range(start, start + count):
+        sub = folder / f"part{doc_id // 1000:04d}"
+        sub.mkdir(parents=True, exist_ok=True)
+        (sub / f"doc{doc_id:07d}.pdf").write_bytes(one_page_pdf(doc_id))
+
+
+def _convert(input_dir: Path, output: Path, run_id: str, server: str, log: Path) -> Any:
+    command = [
+        str(VENV_BIN / "olmocr-tasks"), "--log-level", "WARNING", "convert", str(input_dir), str(output),
+        "--server", server, "--model", MODEL, "--run-id", run_id,
+    ]  # fmt: skip
+    return run_measured(command, label=run_id, env=subprocess_env(), log_path=log, timeout_s=4 * 3600)
+
+
+def _files(root: Path) -> list[Path]:
+    return [Path(base) / name for base, _, names in os.walk(root) for name in names]
+
+
+def _manifest_figures(output: Path, run_id: str) -> dict[str, Any]:
+    summary_path = output / "manifests" / f"{run_id}.json"
+    if not summary_path.is_file():
+        return {"summary_bytes": None, "shard_bytes": None, "counts": None}
+    summary = open_manifest(str(summary_path)).summary
+    shard_dir = output / "manifests" / run_id
+    shards = [path for path in _files(shard_dir) if path.name.endswith(SHARD_SUFFIX)] if shard_dir.is_dir() else []
+    return {
+        "summary_bytes": summary_path.stat().st_size,
+        "shard_bytes": sum(path.stat().st_size for path in shards),
+        "shards": len(shards),
+        "counts": summary["counts"],
+        "in_run_pages_per_s": summary["metrics"].get("pages_per_second"),
+    }
+
+
+def measure(documents: int, work: Path, server: str) -> dict[str, Any]:
+    root = fresh_dir(work / f"scale-{documents}")
+    input_dir, output = root / "input", root / "output"
+    started = time.perf_counter()
+    write_corpus(input_dir, 0, documents)
+    generated_s = time.perf_counter() - started
+    run_id = f"scale-{documents}"
+    first = _convert(input_dir, output, run_id, server, root / "first.log")
+    figures = _manifest_figures(output, run_id)
+    objects = len(_files(output))
+    run_folder_objects = len(_files(output / "_runs")) if (output / "_runs").is_dir() else 0
+    # The top-up: 20 new documents in the same input, converted over the whole history.
+    write_corpus(input_dir, documents, NEW_DOCUMENTS)
+    top_up_id = f"scale-{documents}-topup"
+    second = _convert(input_dir, output, top_up_id, server, root / "second.log")
+    top_up = _manifest_figures(output, top_up_id)
+    counts = figures["counts"] or {}
+    ok = first.returncode == 0 and counts.get("converted") == documents and not counts.get("failed")
+    ok_top_up = second.returncode == 0 and (top_up["counts"] or {}).get("converted") == NEW_DOCUMENTS
+    return {
+        "documents": documents,
+        "ok": ok,
+        "top_up_ok": ok_top_up,
+        "generate_s": round(generated_s, 2),
+        "wall_s": round(first.wall_s, 2),
+        "pages_per_s": round(documents / first.wall_s, 2),
+        "cpu_s": round(first.cpu_s, 2),
+        "peak_rss_mib": round(first.peak_rss_bytes / 2**20, 1),
+        "peak_processes": first.peak_processes,
+        "summary_bytes": figures["summary_bytes"],
+        "shard_bytes": figures["shard_bytes"],
+        "shards": figures.get("shards"),
+        "objects_after_run": objects,
+        "objects_per_document": round(objects / documents, 3),
+        "run_folder_objects": run_folder_objects,
+        # The local storage layer counts no requests; on S3 each object is at least one PUT.
+        "storage_requests_per_document": None,
+        "counts": counts,
+        "in_run_pages_per_s": figures.get("in_run_pages_per_s"),
+        "top_up_documents": NEW_DOCUMENTS,
+        "top_up_wall_s": round(second.wall_s, 2),
+        "top_up_peak_rss_mib": round(second.peak_rss_bytes / 2**20, 1),
+        "load_before": first.load_before,
+        "load_after": first.load_after,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--documents", type=int, nargs="+", default=[1_000, 10_000, 100_000])
+    parser.add_argument("--work", type=Path, default=RESULTS_DIR / "scale-work")
+    parser.add_argument("--keep", action="store_true", help="keep each N's input and output folders")
+    args = parser.parse_args(argv)
+    machine = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    settings = {"regime": CPU_BOUND.name, **CPU_BOUND.settings(), "pages_per_document": 1}
+    with standin(CPU_BOUND) as server:
+        for documents in args.documents:
+            row = measure(documents, args.work, server.url) | {"settings": settings, "host": machine}
+            row["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            RESULT_FILE.parent.mkdir(parents=True, exist_ok=True)
+            with RESULT_FILE.open("a") as sink:
+                sink.write(json.dumps(row) + "\n")
+            print(json.dumps({key: row[key] for key in ("documents", "ok", "wall_s", "pages_per_s", "peak_rss_mib",
+                                                        "summary_bytes", "shard_bytes", "objects_per_document",
+                                                        "top_up_wall_s")}), flush=True)  # fmt: skip
+            if not args.keep:
+                fresh_dir(args.work / f"scale-{documents}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
