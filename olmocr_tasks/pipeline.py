@@ -40,7 +40,7 @@ from olmocr_tasks.manifest import (
 )
 from olmocr_tasks.manifest_reader import ManifestReader
 from olmocr_tasks.outputs import output_stem
-from olmocr_tasks.progress import ProgressReporter
+from olmocr_tasks.progress import ProgressCounters, ProgressReporter
 from olmocr_tasks.protocol import PROMPT_VERSION
 from olmocr_tasks.runs import SINGLE_PLAN, RunFolder, RunPlan, SourceDocument
 from olmocr_tasks.storage import ObjectInfo, Storage
@@ -48,8 +48,11 @@ from olmocr_tasks.uri import is_s3, local_path
 
 log = logging.getLogger(__name__)
 
-# The batch key of a run converted in one process (the CLI).
+# The batch key of a run converted in one process as one batch (tests, small runs).
 SINGLE_BATCH = "all"
+# The CLI converts a run this many documents at a time, each slice a batch of its own in the run
+# folder: what it holds (entries, the part, the attempt listing) is one slice's, whatever the run's size.
+CLI_BATCH_DOCUMENTS = 2_000
 
 
 @dataclass(frozen=True)
@@ -287,6 +290,7 @@ async def convert_sources(
     on_document: Callable[[DocumentEntry], Awaitable[None]] | None = None,
     claims: ClaimBook | None = None,
     superseded: Callable[[], bool] | None = None,
+    progress_counters: ProgressCounters | None = None,
 ) -> ConvertedSources:
     """Convert documents in this process. Raises ``InfrastructureError`` when the work must be retried.
 
@@ -295,7 +299,7 @@ async def convert_sources(
     if not sources:
         return ConvertedSources([], NOTHING_SENT)
     ledger = Ledger(request.output_uri, storage, request.conversion_key)
-    async with ProgressReporter(len(sources), stream=progress_stream) as progress:
+    async with ProgressReporter(len(sources), stream=progress_stream, counters=progress_counters) as progress:
         engine = ConversionEngine(
             request.settings,
             storage,
@@ -342,6 +346,8 @@ def convert_batch(
     try_number: int | None = None,
     task_context: dict[str, Any] | None = None,
     progress_stream: TextIO | None = None,
+    progress_counters: ProgressCounters | None = None,
+    check_ready: bool = True,
 ) -> BatchResult:
     """Convert one batch as attempt ``try_number``; returns its summary (for XCom) and its documents' entries.
 
@@ -391,6 +397,8 @@ def convert_batch(
                 progress_stream=progress_stream,
                 claims=claims,
                 superseded=attempt.superseded,
+                progress_counters=progress_counters,
+                check_ready=check_ready,
             )
         )
     except ServerMisconfigured as exc:
@@ -579,13 +587,18 @@ def _mark_not_converted(request: RunRequest, storage: Storage, sources: Iterable
 
 
 def run_conversion(
-    request: RunRequest, storage: Storage, *, progress_stream: TextIO | None = None
+    request: RunRequest,
+    storage: Storage,
+    *,
+    progress_stream: TextIO | None = None,
+    batch_documents: int = CLI_BATCH_DOCUMENTS,
 ) -> tuple[ManifestReader, str]:
     """The whole run in one process (the CLI): plan, convert, publish. Returns the manifest and its URI.
 
     A run id whose manifest is not published yet (the process stopped: exit 3, a kill) resumes: its
     plan is read back and the next attempt carries forward what earlier attempts finished, so the
-    manifest reports the whole run, not only what the last attempt did.
+    manifest reports the whole run, not only what the last attempt did. The documents are converted
+    ``batch_documents`` at a time, each slice a batch of the run folder, so memory stays one slice's.
     """
     folder = request.run_folder(storage)
     plan = None if storage.exists(manifest_uri(request.output_uri, request.run_id)) else folder.read_plan_or_none()
@@ -602,6 +615,23 @@ def run_conversion(
         plan.already_converted,
         len(plan.dead_letters),
     )
-    convert_batch(request, storage, SINGLE_BATCH, plan.sources, folder=folder, progress_stream=progress_stream)
+    # Slice by slice, so the process holds one slice's entries; the counters span the whole run.
+    counters = ProgressCounters(documents_total=len(plan.sources))
+    for index, start in enumerate(range(0, len(plan.sources), batch_documents)):
+        convert_batch(
+            request,
+            storage,
+            cli_batch_key(index),
+            plan.sources[start : start + batch_documents],
+            folder=folder,
+            progress_stream=progress_stream,
+            progress_counters=counters,
+            check_ready=index == 0,  # one readiness wait per run, as before
+        )
     published = publish_run(request, storage, folder, plan)
     return published.reader(storage), published.uri
+
+
+def cli_batch_key(index: int) -> str:
+    """The key of the CLI's ``index``-th slice; zero-padded so batch order is slice order."""
+    return f"{SINGLE_BATCH}-{index:05d}"

@@ -37,8 +37,18 @@ class ProgressCounters:
 class ProgressReporter:
     """Collects counters from the engine and reports them every ``interval_s`` seconds."""
 
-    def __init__(self, documents_total: int, *, interval_s: float = 10.0, stream: TextIO | None = None) -> None:
-        self.counters = ProgressCounters(documents_total=documents_total)
+    def __init__(
+        self,
+        documents_total: int,
+        *,
+        interval_s: float = 10.0,
+        stream: TextIO | None = None,
+        counters: ProgressCounters | None = None,
+    ) -> None:
+        # ``counters`` shared by several reporters (the CLI converts a big run batch after batch): the
+        # line counts the whole run, its rate from the run's start, and the bar ends once, at the end.
+        self._shared = counters is not None
+        self.counters = counters or ProgressCounters(documents_total=documents_total)
         self._interval_s = interval_s
         self._stream = stream
         self._task: asyncio.Task[None] | None = None
@@ -74,7 +84,8 @@ class ProgressReporter:
         )
 
     async def __aenter__(self) -> ProgressReporter:
-        self.counters.started_at = time.monotonic()
+        if not self._shared:
+            self.counters.started_at = time.monotonic()
         self._task = asyncio.create_task(self._report_periodically())
         return self
 
@@ -82,10 +93,12 @@ class ProgressReporter:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        done = self.counters.documents_done >= self.counters.documents_total
         if self._draws_bar and self._stream is not None:
-            self._stream.write("\r" + self.line() + "\n")
+            self._stream.write("\r" + self.line() + ("\n" if done else ""))
             self._stream.flush()
-        log.info("finished: %s", self.line())
+        if done or not self._shared:
+            log.info("finished: %s", self.line())
 
     async def _report_periodically(self) -> None:
         interval = 0.5 if self._draws_bar else self._interval_s

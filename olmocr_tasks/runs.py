@@ -219,7 +219,7 @@ class RunFolder:
 
     def next_try(self, batch_key: str) -> int:
         """One more than the latest attempt of the batch that started (1 for a batch never tried)."""
-        tries = self._attempts().get(_checked_key(batch_key), {})
+        tries = self._attempts(_checked_key(batch_key)).get(batch_key, {})
         return max(tries, default=0) + 1
 
     def collect(self) -> dict[str, DocumentEntry]:
@@ -250,12 +250,17 @@ class RunFolder:
         for _, tries in sorted(self._attempts().items()):
             yield self._read_attempt(tries[max(tries)])
 
-    def _attempts(self) -> dict[str, dict[int, list[str]]]:
-        """batch → try → the URIs of that attempt's objects, for attempts that wrote their start mark."""
+    def _attempts(self, batch_key: str | None = None) -> dict[str, dict[int, list[str]]]:
+        """batch → try → the URIs of that attempt's objects, for attempts that wrote their start mark.
+
+        With ``batch_key`` only that batch's objects are listed: a run converted batch after batch
+        (the CLI) would otherwise list every earlier batch's entries again for each new one.
+        """
         found: dict[str, dict[int, list[str]]] = {}
         started: set[tuple[str, int]] = set()
         base = join_uri(self.uri, ATTEMPTS_DIR) + "/"
-        for info in self.storage.list_objects(base):
+        listed = base if batch_key is None else join_uri(base, batch_key) + "/"
+        for info in self.storage.list_objects(listed):
             batch, _, rest = info.uri[len(base) :].partition("/")
             try_part, _, name = rest.partition("/")
             match = _TRY.match(try_part)
@@ -312,7 +317,7 @@ class BatchAttempt:
         starved worker. A document that really is broken fails again, and quickly.
         """
         earlier: dict[str, DocumentEntry] = {}
-        tries = self.folder._attempts().get(self.batch_key, {})
+        tries = self.folder._attempts(self.batch_key).get(self.batch_key, {})
         for number in sorted(n for n in tries if n < self.try_number):
             report = self.folder._read_attempt(tries[number])
             for entry in report.entries:
