@@ -115,7 +115,8 @@ def page_of_documents(
             seen += here
             continue
         result.shards_read += 1
-        for number, entry in reader.read_shard(shard["uri"]):
+        # Only lines holding the quoted state are parsed; the status is still checked on each.
+        for number, entry in reader.read_shard(shard["uri"], f'"{state}"'):
             if entry.get("status") != state:
                 continue
             if seen >= offset:
