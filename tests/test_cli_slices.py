@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from olmocr_tasks.config import ConversionSettings, ServerSettings
+from olmocr_tasks.manifest import DocumentEntry
 from olmocr_tasks.pipeline import RunRequest, cli_batch_key, convert_batch, plan_run, run_conversion
 from olmocr_tasks.storage import Storage
 from tests import pdfgen
@@ -59,3 +60,17 @@ def test_a_resumed_run_converts_only_the_slices_it_had_not_finished(tmp_path: Pa
     assert standin.stats()["completed"] - sent_before == 3, "only the three unfinished documents are sent"
     assert reader.counts()["converted"] == 5
     assert _part_sizes(output) == {cli_batch_key(0): 2, cli_batch_key(1): 2, cli_batch_key(2): 1}
+
+
+def test_a_plan_written_source_by_source_reads_back_whole(tmp_path: Path, standin: StandinServer) -> None:
+    inbox, output = tmp_path / "inbox", tmp_path / "out"
+    _write_inbox(inbox, 3)
+    storage = Storage()
+    request = _request(inbox, output, standin)
+    plan = plan_run(request, storage)
+    plan.dead_letters.append(DocumentEntry(source=str(inbox / "gone.pdf"), status="failed", error='"sources": []'))
+    folder = request.run_folder(storage)
+    folder.write_plan(plan)
+
+    assert folder.read_plan().to_dict() == plan.to_dict()
+    assert json.loads(plan.to_json()) == plan.to_dict()
