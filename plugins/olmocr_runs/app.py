@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from olmocr_tasks.access import AccessPolicy, LocationNotAllowedError
 from olmocr_tasks.errors import StorageError, UnreadableSourceError
-from olmocr_tasks.manifest_reader import ManifestFormatError
+from olmocr_tasks.manifest_reader import ManifestFormatError, ManifestReader
 from olmocr_tasks.redaction import redact_url
 from olmocr_tasks.storage import Storage
 
@@ -40,6 +40,7 @@ from .runs import (
     OUTPUT_KINDS,
     STATUS_LABELS,
     RunDetail,
+    RunSummary,
     build_detail,
     output_of,
     parse_time,
@@ -290,7 +291,7 @@ def create_app(
         search = None
         if query:
             # Bounded: a page of matches or SCAN_BUDGET entries per request, newest run first.
-            def reader_of(run: Any) -> Any:
+            def reader_of(run: RunSummary) -> ManifestReader | None:
                 try:
                     return store.reader(listing.files[run.key])
                 except ManifestReadError:
