@@ -90,6 +90,7 @@ def page_of_documents(
             result.rows = [document_row(i, e) for i, e in hits]
             return result
         result.total = len(matches)
+        result.page = min(result.page, result.pages)
         offset = (result.page - 1) * PAGE_SIZE
         result.rows = [document_row(i, e) for i, e in matches[offset : offset + PAGE_SIZE]]
         return result
@@ -97,9 +98,11 @@ def page_of_documents(
     table = reader.shard_table()
     if query or (state and any(shard["statuses"] is None for shard in table)):
         return _scan(reader, table, result, start)
-    offset = (result.page - 1) * PAGE_SIZE
     if not state:
         result.total = documents
+        # A page past the end (an old link, a hand-edited URL) shows the last one.
+        result.page = min(result.page, result.pages)
+        offset = (result.page - 1) * PAGE_SIZE
         entries = reader.page(offset, PAGE_SIZE)
         result.rows = [document_row(offset + i, e) for i, e in enumerate(entries) if isinstance(e, dict)]
         result.shards_read = sum(
@@ -108,6 +111,8 @@ def page_of_documents(
         return result
     # A state: the per-shard counts say which shards hold matches offset .. offset + PAGE_SIZE.
     result.total = sum(int(shard["statuses"].get(state, 0)) for shard in table)
+    result.page = min(result.page, result.pages)
+    offset = (result.page - 1) * PAGE_SIZE
     seen = 0
     for shard in table:
         here = int(shard["statuses"].get(state, 0))
