@@ -198,7 +198,6 @@ def compute_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return targets
 
 
-
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 

@@ -170,6 +170,7 @@ def test_images_install_uv_at_the_makefiles_version():
 
 def test_the_test_override_changes_only_images_and_networking():
     """What tests/compose proves is what `docker compose --profile cpu up` does with these services."""
+
     class ComposeLoader(yaml.SafeLoader):
         """Reads compose's `!reset` tag (drop the base file's value) as the value it resets to."""
 

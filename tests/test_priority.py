@@ -170,6 +170,9 @@ def test_a_low_priority_run_is_planned_short_and_renders_niced(monkeypatch: pyte
     request = RunRequest(input_uri="/in", output_uri="/out", run_id="r")
     assert batching_rule({}, request, LOW).min_waves == LOW_CLASS_MIN_WAVES > 1
     assert batching_rule({}, request, HIGH).min_waves == batching_rule({}, request, NORMAL).min_waves == 1
+    # A run that names its batch size keeps it, whatever its class.
+    named = batching_rule({"batch_pages": 8}, request, LOW)
+    assert (named.min_pages, named.min_waves) == (8, 1)
     assert (render_nice(HIGH), render_nice(NORMAL), render_nice(LOW)) == (0, 0, RENDER_NICE[LOW])
     monkeypatch.setenv("OLMOCR_LOW_CLASS_WAVES", "3")
     monkeypatch.setenv("OLMOCR_LOW_PRIORITY_NICE", "0")

@@ -310,16 +310,19 @@ def batching_rule(params: Mapping[str, Any], request: RunRequest, priority_class
     ``OLMOCR_CONVERT_SLOTS``: convert instances that run at once (the pool's slots, at most workers times
     worker concurrency); ``OLMOCR_BYTES_PER_PAGE``: the page estimate from listed sizes. A low-priority
     run is cut into at least ``OLMOCR_LOW_CLASS_WAVES`` waves (default ``LOW_CLASS_MIN_WAVES``) of short
-    instances, so that it never holds the pool's slots for long (README "Priority classes").
+    instances, so that it never holds the pool's slots for long (README "Priority classes"), unless the
+    run names its own ``batch_pages``: a size the user chose for this run is kept as given.
     """
-    min_pages = params.get("batch_pages") or _env_int("OLMOCR_BATCH_PAGES", 0)
+    named_size = params.get("batch_pages")
+    min_pages = named_size or _env_int("OLMOCR_BATCH_PAGES", 0)
+    short_waves = priority_class == LOW and not named_size
     try:
         return BatchingRule(
             min_pages=int(min_pages or request.settings.server.max_concurrent_requests),
             parallel=_env_int("OLMOCR_CONVERT_SLOTS", DEFAULT_PARALLEL),
             max_batches=max_map_length(),
             bytes_per_page=_env_int("OLMOCR_BYTES_PER_PAGE", DEFAULT_BYTES_PER_PAGE),
-            min_waves=_env_int("OLMOCR_LOW_CLASS_WAVES", LOW_CLASS_MIN_WAVES) if priority_class == LOW else 1,
+            min_waves=_env_int("OLMOCR_LOW_CLASS_WAVES", LOW_CLASS_MIN_WAVES) if short_waves else 1,
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
