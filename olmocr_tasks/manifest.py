@@ -263,6 +263,9 @@ class Manifest:
     entries: dict[str, Any] | None = None
     # What the runs page shows besides the counts (``olmocr_tasks.manifest_overview``), set by the writer.
     overview: dict[str, Any] | None = None
+    # The storage requests the run's batches reported (``pipeline.total_storage_requests``): by kind,
+    # how many batches, whether all of them reported. None: no batch, or a manifest from before.
+    storage_requests: dict[str, Any] | None = None
 
     def _totals(self) -> RunTotals:
         return self.totals if self.totals is not None else RunTotals.of(self.documents)
@@ -299,6 +302,8 @@ class Manifest:
             "output_tokens_per_page": round(counts["output_tokens"] / pages, 1) if pages else 0.0,
         }
         metrics["cost"] = self._cost_estimate(elapsed, pages)
+        if self.storage_requests is not None:
+            metrics["storage_requests"] = _storage_request_metrics(self.storage_requests, counts["converted"])
         return metrics
 
     def _cost_estimate(self, elapsed: float, pages: int) -> dict[str, Any] | None:
@@ -386,7 +391,34 @@ class Manifest:
             dead_letter_count=data.get("counts", {}).get("dead_letters", 0) if sharded else None,
             entries=data.get("entries") if sharded else None,
             overview=data.get("overview") if isinstance(data.get("overview"), dict) else None,
+            storage_requests=_stored_storage_requests(data.get("metrics", {}).get("storage_requests")),
         )
+
+
+def _storage_request_metrics(recorded: dict[str, Any], converted: int) -> dict[str, Any]:
+    """``metrics.storage_requests``: the batches' requests by kind, their total, and both per converted
+    document (what a document's state costs; None when nothing was converted)."""
+    by_kind = {kind: int(count) for kind, count in recorded["by_kind"].items()}
+    total = sum(by_kind.values())
+    per_document = None
+    if converted:
+        per_document = {kind: round(count / converted, 3) for kind, count in by_kind.items()}
+        per_document["total"] = round(total / converted, 3)
+    return {
+        "by_kind": by_kind,
+        "total": total,
+        "batches": recorded["batches"],
+        "complete": recorded["complete"],
+        "converted_documents": converted,
+        "per_converted_document": per_document,
+    }
+
+
+def _stored_storage_requests(data: Any) -> dict[str, Any] | None:
+    """What ``_storage_request_metrics`` was made from, read back from a summary (None: not recorded)."""
+    if not isinstance(data, dict) or not isinstance(data.get("by_kind"), dict):
+        return None
+    return {"by_kind": data["by_kind"], "batches": data.get("batches", 0), "complete": data.get("complete") is True}
 
 
 def _empty_counts() -> dict[str, int]:

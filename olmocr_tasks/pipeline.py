@@ -11,8 +11,10 @@ only ever carries URIs and counts.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import math
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -43,7 +45,7 @@ from olmocr_tasks.outputs import output_stem
 from olmocr_tasks.progress import ProgressCounters, ProgressReporter
 from olmocr_tasks.protocol import PROMPT_VERSION
 from olmocr_tasks.runs import SINGLE_PLAN, RunFolder, RunPlan, SourceDocument
-from olmocr_tasks.storage import ObjectInfo, Storage
+from olmocr_tasks.storage import REQUEST_KINDS, ObjectInfo, Storage
 from olmocr_tasks.uri import is_s3, local_path
 
 log = logging.getLogger(__name__)
@@ -359,7 +361,11 @@ def convert_batch(
     attempt dies (server outage, worker killed), publishing still reports what it did finish.
     ``try_number`` None means the next one (a process resuming a batch on its own, like the CLI).
     """
-    folder = folder or request.run_folder(storage)
+    # The batch's own request counter (it also adds to the storage's): its part reports what the batch
+    # cost in storage requests, even when other batches share this process's storage.
+    storage = storage.counting()
+    folder = copy.copy(folder) if folder is not None else request.run_folder(storage)
+    folder.storage = storage
     attempt = folder.attempt(batch_key, try_number or folder.next_try(batch_key))
     finished = attempt.start()
     claims = ClaimBook(
@@ -414,13 +420,18 @@ def convert_batch(
     by_source = finished | {entry.source: entry for entry in result.entries}
     entries = [by_source[source.uri] for source in sources if source.uri in by_source]
     gpu_busy = attempt.carried_gpu_busy.plus(result.gpu_busy)
-    uri = attempt.write_part(entries, gpu_busy)
+    requests = Counter(attempt.carried_storage_requests) + Counter(storage.requests.counts())
+    # The part's own PUT, counted ahead: it is the last request of the attempt and carries the counts.
+    requests["write"] += 1
+    storage_requests = {kind: requests[kind] for kind in REQUEST_KINDS}
+    uri = attempt.write_part(entries, gpu_busy, storage_requests)
     summary = count_entries(entries) | {
         "part": uri,
         "batch": batch_key,
         "try_number": attempt.try_number,
         "gpu_busy_seconds": round(gpu_busy.seconds, 3),
         "gpu_busy_measured": gpu_busy.measured,
+        "storage_requests": sum(storage_requests.values()),
     }
     return BatchResult(summary, entries)
 
@@ -550,6 +561,7 @@ def publish_run(
     # Planned sources not reported yet, in plan order; what is left at the end was never reported.
     pending = {source.uri: source for source in plan.sources}
     gpu_reports: list[GpuBusy | None] = []
+    request_reports: list[dict[str, int] | None] = []
     for report in folder.iter_reports():
         for entry in report.entries:
             source = pending.pop(entry.source, None)
@@ -558,6 +570,7 @@ def publish_run(
             entry.redriven = source.redriven
             writer.add(entry)
         gpu_reports.append(report.gpu_busy)
+        request_reports.append(report.storage_requests)
     lost = list(pending.values())
     for source in lost:
         entry = _lost(source)
@@ -570,12 +583,32 @@ def publish_run(
     if lost and record_not_converted:
         _mark_not_converted(request, storage, lost)
     manifest = _manifest_header(request, plan, gpu_busy=total_gpu_busy(gpu_reports))
+    manifest.storage_requests = total_storage_requests(request_reports)
     manifest.totals = writer.totals
     if max_document_error_rate is not None:
         manifest.judge_error_budget(max_document_error_rate)
     manifest.airflow_run = airflow_run
     uri = writer.commit(manifest)
     return PublishedRun(manifest, uri, len(lost))
+
+
+def total_storage_requests(reports: Iterable[dict[str, int] | None]) -> dict[str, Any] | None:
+    """A run's storage requests by kind, summed over its batches' reports (None: no batch at all).
+
+    ``complete`` is False when some batch reported none (an attempt that died before its part, a part
+    written before requests were counted): the counts are then a lower bound.
+    """
+    totals: Counter[str] = Counter()
+    complete, batches = True, 0
+    for report in reports:
+        batches += 1
+        if report is None:
+            complete = False
+            continue
+        totals.update(report)
+    if not batches:
+        return None
+    return {"by_kind": {kind: totals[kind] for kind in REQUEST_KINDS}, "batches": batches, "complete": complete}
 
 
 def _mark_not_converted(request: RunRequest, storage: Storage, sources: Iterable[SourceDocument]) -> None:

@@ -156,6 +156,9 @@ class AttemptReport:
 
     entries: list[DocumentEntry]
     gpu_busy: GpuBusy | None
+    # The storage requests of the batch's attempts so far, by kind (None: no part, or a part from before
+    # they were counted).
+    storage_requests: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -294,7 +297,10 @@ class RunFolder:
             data = json.loads(self.storage.read_bytes(part))
             # Parts written before GPU-busy seconds were measured are a bare list of entries.
             items, gpu_busy = (data, None) if isinstance(data, list) else (data["entries"], data.get("gpu_busy"))
-            return AttemptReport([DocumentEntry.from_dict(item) for item in items], GpuBusy.from_dict(gpu_busy))
+            requests = None if isinstance(data, list) else _request_counts(data.get("storage_requests"))
+            return AttemptReport(
+                [DocumentEntry.from_dict(item) for item in items], GpuBusy.from_dict(gpu_busy), requests
+            )
         entry_uris = [uri for uri in uris if f"/{ENTRIES_DIR}/" in uri and uri.endswith(".json")]
         entries = [DocumentEntry.from_dict(json.loads(self.storage.read_bytes(uri))) for uri in entry_uris]
         return AttemptReport(entries, None)
@@ -312,6 +318,9 @@ class BatchAttempt:
         self.uri = join_uri(folder.uri, ATTEMPTS_DIR, batch_key, f"try-{try_number:04d}")
         # The GPU-busy seconds of the earlier attempts (set by ``start``); this attempt adds its own.
         self.carried_gpu_busy = NOTHING_SENT
+        # The storage requests of the earlier attempts that wrote a part (set by ``start``): a lower bound
+        # when an attempt died before its part, whose requests nobody recorded.
+        self.carried_storage_requests: dict[str, int] = {}
 
     @property
     def part_uri(self) -> str:
@@ -344,6 +353,9 @@ class BatchAttempt:
                 self.carried_gpu_busy = report.gpu_busy
             else:
                 self.carried_gpu_busy = GpuBusy(self.carried_gpu_busy.seconds, measured=False)
+            # Like the seconds, a part's counts already include those of the parts before it.
+            if report.storage_requests is not None:
+                self.carried_storage_requests = dict(report.storage_requests)
         self.folder.storage.write_bytes_atomic(join_uri(self.uri, STARTED_FILE), b"")
         for entry in earlier.values():
             self.write_entry(entry)
@@ -363,11 +375,29 @@ class BatchAttempt:
         name = hashlib.sha1(entry.source.encode("utf-8", "surrogatepass")).hexdigest() + ".json"
         self.folder.storage.write_bytes_atomic(join_uri(self.uri, ENTRIES_DIR, name), _json(entry.to_dict()))
 
-    def write_part(self, entries: Sequence[DocumentEntry], gpu_busy: GpuBusy | None = None) -> str:
-        """The attempt's report: every entry, and the GPU-busy seconds of the batch's attempts so far."""
-        report = {"entries": [entry.to_dict() for entry in entries], "gpu_busy": gpu_busy and gpu_busy.to_dict()}
+    def write_part(
+        self,
+        entries: Sequence[DocumentEntry],
+        gpu_busy: GpuBusy | None = None,
+        storage_requests: dict[str, int] | None = None,
+    ) -> str:
+        """The attempt's report: every entry, and the GPU-busy seconds and storage requests (by kind) of
+        the batch's attempts so far."""
+        report: dict[str, Any] = {
+            "entries": [entry.to_dict() for entry in entries],
+            "gpu_busy": gpu_busy and gpu_busy.to_dict(),
+        }
+        if storage_requests is not None:
+            report["storage_requests"] = storage_requests
         self.folder.storage.write_bytes_atomic(self.part_uri, _json(report))
         return self.part_uri
+
+
+def _request_counts(data: Any) -> dict[str, int] | None:
+    """A part's storage request counts; None for anything else (parts from before they were counted)."""
+    if not isinstance(data, dict):
+        return None
+    return {str(kind): int(count) for kind, count in data.items() if isinstance(count, int)}
 
 
 def _checked_key(batch_key: str) -> str:

@@ -24,9 +24,12 @@ S3 error code and are scrubbed of the configured credentials. An invalid URI is 
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -49,7 +52,7 @@ from olmocr_tasks.storage_backends.s3 import S3Backend
 from olmocr_tasks.uri import is_s3
 
 # ObjectInfo and TEMP_SUFFIX are part of this API: listings return the one and skip the other.
-__all__ = ["TEMP_SUFFIX", "ObjectInfo", "RetryPolicy", "Storage"]
+__all__ = ["REQUEST_KINDS", "TEMP_SUFFIX", "ObjectInfo", "RequestCounter", "RetryPolicy", "Storage"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +61,51 @@ T = TypeVar("T")
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
 # Operations on a document's source, where "missing" or "forbidden" fails only that document.
 _SOURCE_OPS = frozenset({"read", "download", "stat"})
+# The kinds of storage request a ``RequestCounter`` tells apart (a download is a read, a HEAD a stat).
+REQUEST_KINDS = ("read", "write", "create", "delete", "list", "stat")
+_KIND_OF_OP = {"read": "read", "download": "read", "write": "write", "create": "create"}
+_KIND_OF_OP |= {"delete": "delete", "list": "list", "stat": "stat"}
+
+
+class RequestCounter:
+    """Storage requests by kind, counted in this process: what a run's state costs in requests.
+
+    Every attempt counts (a retried GET is two requests on the bill); a listing counts once per page.
+    botocore's own re-sends of one HTTP request below ``Storage`` are not seen (off in the tests that
+    compare with the server's log). A child counter (``Storage.counting``) also adds to its parent, so
+    one batch's requests are known while the process's totals stay whole.
+    """
+
+    def __init__(self, parent: RequestCounter | None = None) -> None:
+        self._counts: Counter[str] = Counter()
+        self._parent = parent
+        # Storage calls come from many threads (asyncio.to_thread).
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A Storage is pickled into other processes (Airflow, Celery): the copy counts on its own.
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def add(self, kind: str, count: int = 1) -> None:
+        with self._lock:
+            self._counts[kind] += count
+        if self._parent is not None:
+            self._parent.add(kind, count)
+
+    def counts(self) -> dict[str, int]:
+        """Every kind of ``REQUEST_KINDS`` with its count (0 included), in that order."""
+        with self._lock:
+            return {kind: self._counts[kind] for kind in REQUEST_KINDS}
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
 
 
 @dataclass(frozen=True)
@@ -91,6 +139,8 @@ class Storage:
     ) -> None:
         self._options = dict(storage_options or {})
         self.retry = retry or RetryPolicy()
+        # Every request this Storage sends, by kind (``RequestCounter``).
+        self.requests = RequestCounter()
         self._local = LocalBackend()
         self._s3 = S3Backend(
             self._options,
@@ -106,6 +156,15 @@ class Storage:
         return f"Storage(endpoint_url={shown!r}, retry={self.retry!r})"
 
     # ----------------------------------------------------------------------------- public API
+
+    def counting(self) -> Storage:
+        """This storage (same clients and policy) with a counter of its own that also adds to this one's.
+
+        For one batch's requests while other batches share the process's storage.
+        """
+        child = copy.copy(self)
+        child.requests = RequestCounter(parent=self.requests)
+        return child
 
     def read_bytes(self, uri: str) -> bytes:
         """The whole object. Missing or forbidden → ``UnreadableSourceError``."""
@@ -130,8 +189,11 @@ class Storage:
             self._call(backend, "download", uri, lambda: backend.download_into(uri, temp))
 
         # Source errors and target errors are translated separately: an unwritable scratch folder
-        # is an infrastructure problem, not an unreadable document.
-        self._call(self._local, "write", target, lambda: self._local.write_file_atomically(target, fetch))
+        # is an infrastructure problem, not an unreadable document. The scratch file is not a storage
+        # request: only the download is counted.
+        self._call(
+            self._local, "write", target, lambda: self._local.write_file_atomically(target, fetch), counted=False
+        )
 
     def write_bytes_atomic(self, uri: str, data: bytes, *, content_type: str | None = None) -> None:
         """Replace the object with ``data``: readers see the old content or the new one, never a mix."""
@@ -184,12 +246,28 @@ class Storage:
     def _backend(self, uri: str) -> Backend:
         return self._s3 if is_s3(uri) else self._local
 
-    def _call(self, backend: Backend, op: str, uri: str, call: Callable[[], T]) -> T:
+    def _call(self, backend: Backend, op: str, uri: str, call: Callable[[], T], *, counted: bool = True) -> T:
         """Run one operation under the retry policy; translate what still fails into our error types."""
+        kind = _KIND_OF_OP[op] if counted else None
+
+        def attempt() -> T:
+            # Counted per attempt: a request that fails is still a request. A listing answers None once
+            # it is complete, without sending anything (the last page said so).
+            if kind is None:
+                return call()
+            try:
+                result = call()
+            except BaseException:
+                self.requests.add(kind)
+                raise
+            if result is not None or kind != "list":
+                self.requests.add(kind)
+            return result
+
         try:
             if backend.retries_transient_failures:
-                return self._retrying(op, uri)(call)
-            return call()
+                return self._retrying(op, uri)(attempt)
+            return attempt()
         except (StorageError, UnreadableSourceError, ValueError):
             raise
         except backend.failure_types as exc:

@@ -111,9 +111,13 @@ class _LocalListing:
         self._stack: list[tuple[str, Iterator[os.DirEntry[str]]]] | None = None
 
     def next_page(self) -> list[ObjectInfo] | None:
+        # Like an S3 listing, the first page is an answer even when empty (None: nothing more to ask),
+        # so a listing counts as one request on both backends.
+        first = self._stack is None
         if self._stack is None:
             if not os.path.isdir(self._root):
-                return None
+                self._stack = []
+                return []
             self._stack = [("", os.scandir(self._root))]
         page: list[ObjectInfo] = []
         stack = self._stack
@@ -136,7 +140,7 @@ class _LocalListing:
                 continue
             uri = f"{self._base}/{relative}" if self._base != "/" else f"/{relative}"
             page.append(ObjectInfo(uri, st.st_size, None, _mtime(st.st_mtime_ns)))
-        return page or None
+        return page if page or first else None
 
     def close(self) -> None:
         for _, entries in self._stack or []:
