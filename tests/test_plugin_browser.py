@@ -6,9 +6,6 @@ Screenshots go to ``test-output/`` for a human to look at.
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +14,7 @@ from urllib.parse import quote
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+from tests.fixtures.asgi import served
 from tests.ocr_runs import CLEAN_RUN, DEAD_LETTER_RUN, XSS, RealRuns
 from tests.test_plugin_app import copy_output, runs  # noqa: F401 (runs is a fixture)
 
@@ -31,28 +29,10 @@ SCREENSHOTS = Path(__file__).resolve().parents[1] / "test-output"
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory, runs: RealRuns) -> Iterator[str]:  # noqa: F811
     """The app over the real runs' manifests, served by uvicorn on a free loopback port in a thread."""
-    import uvicorn
-
     output = tmp_path_factory.mktemp("ocr-output")
     copy_output(runs, output)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(str(output)), log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with served(create_app(str(output))) as url:
+        yield url
 
 
 @pytest.fixture

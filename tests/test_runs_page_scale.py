@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import socket
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +23,7 @@ from fastapi.testclient import TestClient
 from olmocr_tasks.manifest import SHARD_ENTRIES, DocumentEntry, Manifest, ManifestWriter, manifest_uri
 from olmocr_tasks.manifest_reader import read_manifest
 from olmocr_tasks.storage import Storage
+from tests.fixtures.asgi import served
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "plugins") not in sys.path:
@@ -280,26 +279,8 @@ def test_run_page_server_time_is_measured(archive: Path, counted: Any) -> None:
 
 @pytest.fixture(scope="module")
 def site(archive: Path) -> Iterator[str]:
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(str(archive)), log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with served(create_app(str(archive))) as url:
+        yield url
 
 
 @pytest.mark.browser
