@@ -436,16 +436,27 @@ def create_app(
         }
         return JSONResponse(body, status_code=502 if listing.error else 200)
 
-    @app.get("/api/runs/{run_key}", name="api_run")
-    def api_run(request: Request, run_key: str) -> JSONResponse:
-        """The run's summary as stored (counts, metrics, verdict, overview, shard list), without its
-        entries: those are paged by ``/api/runs/<key>/documents`` (``documents_api``)."""
+    def _find_run(run_key: str) -> tuple[Any, Any] | JSONResponse:
+        """The store and the run's manifest for the JSON API, or the error response saying why not."""
         store = location.store()
         if store is None:
             return JSONResponse({"detail": _not_configured_message()}, status_code=503)
         manifest = store.find(run_key)
         if manifest is None:
             return JSONResponse({"detail": "No such run"}, status_code=404)
+        return store, manifest
+
+    def _documents_api(request: Request, manifest: Any) -> str:
+        return f"{_base_path(request)}/api/runs/{quote(manifest.key, safe='')}/documents"
+
+    @app.get("/api/runs/{run_key}", name="api_run")
+    def api_run(request: Request, run_key: str) -> JSONResponse:
+        """The run's summary as stored (counts, metrics, verdict, overview, shard list), without its
+        entries: those are paged by ``/api/runs/<key>/documents`` (``documents_api``)."""
+        found = _find_run(run_key)
+        if isinstance(found, JSONResponse):
+            return found
+        store, manifest = found
         try:
             reader = store.reader(manifest)
         except ManifestReadError as exc:
@@ -453,7 +464,7 @@ def create_app(
         data = reader.summary
         # Writers keep secrets out already; scrubbing again costs nothing and covers older writers.
         body = {**data, **{k: scrub(data[k]) for k in ("server", "settings") if k in data}}
-        body["documents_api"] = f"{_base_path(request)}/api/runs/{quote(manifest.key, safe='')}/documents"
+        body["documents_api"] = _documents_api(request, manifest)
         body["document_count"] = reader.document_count()
         body["dead_letter_count"] = reader.document_count("dead_letters")
         return JSONResponse(body)
@@ -468,12 +479,10 @@ def create_app(
     ) -> JSONResponse:
         """Entries ``offset`` to ``offset + limit`` of the run's documents (or dead letters), as written,
         reading only the shards that hold them; ``next`` is the following page's URL (null at the end)."""
-        store = location.store()
-        if store is None:
-            return JSONResponse({"detail": _not_configured_message()}, status_code=503)
-        manifest = store.find(run_key)
-        if manifest is None:
-            return JSONResponse({"detail": "No such run"}, status_code=404)
+        found = _find_run(run_key)
+        if isinstance(found, JSONResponse):
+            return found
+        store, manifest = found
         try:
             reader = store.reader(manifest)
             total = reader.document_count(kind)
@@ -481,7 +490,7 @@ def create_app(
         except (ManifestReadError, *_READ_ERRORS) as exc:
             return JSONResponse({"detail": f"Unreadable manifest: {exc}"}, status_code=422)
         after = offset + len(entries)
-        path = f"{_base_path(request)}/api/runs/{quote(manifest.key, safe='')}/documents"
+        path = _documents_api(request, manifest)
         return JSONResponse(
             {
                 "run_id": reader.summary.get("run_id"),
