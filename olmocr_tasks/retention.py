@@ -105,14 +105,20 @@ def _children(prefix_uri: str, storage: Storage) -> Iterable[tuple[list[str], Ob
             yield info.uri[len(base) :].split("/"), info
 
 
+def _objects_by_folder(prefix_uri: str, storage: Storage) -> dict[str, list[ObjectInfo]]:
+    """The objects inside each folder directly below ``prefix_uri`` (objects at its top level left out)."""
+    folders: dict[str, list[ObjectInfo]] = defaultdict(list)
+    for parts, info in _children(prefix_uri, storage):
+        if len(parts) > 1:
+            folders[parts[0]].append(info)
+    return folders
+
+
 def _finished_run_folders(
     output_uri: str, storage: Storage, cutoff: datetime, report: RetentionReport
 ) -> list[ObjectInfo]:
     runs_uri = join_uri(output_uri, RUNS_DIR)
-    folders: dict[str, list[ObjectInfo]] = defaultdict(list)
-    for parts, info in _children(runs_uri, storage):
-        if len(parts) > 1:
-            folders[parts[0]].append(info)
+    folders = _objects_by_folder(runs_uri, storage)
     doomed: list[ObjectInfo] = []
     for name, objects in sorted(folders.items()):
         folder_uri = join_uri(runs_uri, name)
@@ -135,10 +141,7 @@ def _unnamed_manifest_shards(
     output_uri: str, storage: Storage, cutoff: datetime, report: RetentionReport
 ) -> list[ObjectInfo]:
     manifests_uri = join_uri(output_uri, MANIFESTS_DIR)
-    shards: dict[str, list[ObjectInfo]] = defaultdict(list)
-    for parts, info in _children(manifests_uri, storage):
-        if len(parts) > 1:
-            shards[parts[0]].append(info)
+    shards = _objects_by_folder(manifests_uri, storage)
     doomed: list[ObjectInfo] = []
     for name, objects in sorted(shards.items()):
         summary_uri = join_uri(manifests_uri, f"{name}.json")
