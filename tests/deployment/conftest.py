@@ -14,18 +14,15 @@ from __future__ import annotations
 import os
 import random
 import re
+import signal
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.deployment.corpus import Bucket
 from tests.deployment.harness import Deployment
 from tests.deployment.harness import deployment as start_deployment
-
-if TYPE_CHECKING:
-    pass
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -52,8 +49,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="package")
 def deployment(moto_server: str) -> Iterator[Deployment]:
-    with start_deployment(moto_server) as running:
-        yield running
+    # A SIGTERM (CI's timeout, `kill`, a stopped `make test`) would end pytest without teardown and
+    # leave a whole Celery cluster and its database behind: turn it into the interrupt pytest
+    # already cleans up after.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with start_deployment(moto_server) as running:
+            yield running
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}: stopping the deployment")
 
 
 @pytest.fixture(scope="package")

@@ -62,6 +62,10 @@ class Backfilled:
     manifests: list[dict[str, Any]]  # what the first backfill's runs published
     stamps: dict[str, datetime]  # LastModified of their markdown after the first backfill
     again: list[dict[str, Any]]  # the second backfill's runs (reprocess_behavior "completed")
+    # What the second backfill's runs published and the markdown stamps right after it, read in the
+    # fixture: a later test's backfill over the same dates republishes the same run ids' manifests.
+    again_manifests: list[dict[str, Any] | None]
+    stamps_after_again: dict[str, datetime]
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +95,23 @@ def backfilled(deployment: Deployment, bucket: Bucket, ingest_unpaused: None) ->
     manifests = [bucket.manifest(output_uri, DAG, run["dag_run_id"]) for run in runs]
     stamps = _markdown_stamps(bucket, [manifest for manifest in manifests if manifest is not None])
     again = run_backfill(deployment, start, last, dag_run_conf=conf, reprocess_behavior="completed")
-    return Backfilled(start, last, conf, output_uri, expected, doc_ids, outside, runs, manifests, stamps, again)
+    again_manifests = [bucket.manifest(output_uri, DAG, run["dag_run_id"]) for run in again]
+    stamps_after_again = _markdown_stamps(bucket, [manifest for manifest in manifests if manifest is not None])
+    return Backfilled(
+        start,
+        last,
+        conf,
+        output_uri,
+        expected,
+        doc_ids,
+        outside,
+        runs,
+        manifests,
+        stamps,
+        again,
+        again_manifests,
+        stamps_after_again,
+    )
 
 
 def _markdown_stamps(bucket: Bucket, manifests: list[dict[str, Any]]) -> dict[str, datetime]:
@@ -120,13 +140,20 @@ def test_backfill_runs_convert_only_their_own_intervals_and_a_second_backfill_no
 
     again = backfilled.again
     assert len(again) == 3
-    for run, wanted in zip(again, backfilled.expected, strict=True):
+    for run, first, manifest, wanted in zip(
+        again, backfilled.manifests, backfilled.again_manifests, backfilled.expected, strict=True
+    ):
         assert run["state"] == "success", run
-        manifest = bucket.manifest(backfilled.output_uri, DAG, run["dag_run_id"])
         assert manifest is not None
+        # The same run id publishes to the same key: a manifest the second pass did not replace would
+        # still list the first pass's conversions and read as a double conversion.
+        assert manifest["finished_at"] > first["finished_at"], (
+            f"the second backfill did not publish {run['dag_run_id']} again (Airflow says {run['state']}, "
+            f"started {run['start_date']}, ended {run['end_date']}; manifest finished {manifest['finished_at']})"
+        )
         assert converted(manifest) == [], (run["dag_run_id"], statuses(manifest))
         assert manifest["counts"]["already_converted"] + manifest["counts"]["skipped"] == len(wanted)
-    assert _markdown_stamps(bucket, backfilled.manifests) == backfilled.stamps, "a second backfill rewrote outputs"
+    assert backfilled.stamps_after_again == backfilled.stamps, "a second backfill rewrote outputs"
 
 
 def test_backfill_with_the_reprocess_param_converts_every_interval_again(
