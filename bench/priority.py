@@ -198,6 +198,18 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SLOTS",
         help="also give high-priority runs a pool of their own with this many slots (OLMOCR_HIGH_PRIORITY_POOL)",
     )
+    parser.add_argument(
+        "--low-class-waves",
+        type=int,
+        metavar="N",
+        help="plan low-class runs into at least N waves of convert instances (OLMOCR_LOW_CLASS_WAVES; default: 8)",
+    )
+    parser.add_argument(
+        "--low-priority-nice",
+        type=int,
+        metavar="N",
+        help="nice low-class render workers by N (OLMOCR_LOW_PRIORITY_NICE; default: 10; 0 turns it off)",
+    )
     args = parser.parse_args(argv)
 
     from tests.airflow_env import vllm_connection
@@ -218,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         }
         if args.reserved_pool:
             env["OLMOCR_HIGH_PRIORITY_POOL"] = HIGH_POOL
+        # Only what the command line names differs from the defaults a user gets; the results say it.
+        if args.low_class_waves is not None:
+            env["OLMOCR_LOW_CLASS_WAVES"] = str(args.low_class_waves)
+        if args.low_priority_nice is not None:
+            env["OLMOCR_LOW_PRIORITY_NICE"] = str(args.low_priority_nice)
+        results["settings"] = {key: value for key, value in env.items() if key.startswith("OLMOCR_")}
         cluster = AirflowCluster(ClusterSettings(work_dir=work / "cluster", pool_slots=POOL_SLOTS, env=env))
         try:
             cluster.start()
@@ -253,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"Priority classes, deployment (pool {POOL_SLOTS} slots, OLMOCR_CONVERT_SLOTS={POOL_SLOTS}), "
         f"stand-in {BACKPRESSURE.description}, scheduling_policy priority; big run {corpus.pages} pages, class low; "
-        f"reserved pool for high: {args.reserved_pool or 'none'}",
+        f"reserved pool for high: {args.reserved_pool or 'none'}; low-class waves: "
+        f"{args.low_class_waves if args.low_class_waves is not None else 'default'}, low-priority nice: "
+        f"{args.low_priority_nice if args.low_priority_nice is not None else 'default'}",
         "",
         "| one-page REST documents run | its run s | ÷ idle (target <= 1.5) | big run s | big run throughput "
         "÷ alone (target >= 0.95) |",
