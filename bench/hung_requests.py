@@ -238,12 +238,12 @@ class SmallRun:
 
 
 def cold_regime(work: Path, seed: int) -> tuple[list[str], bool, list[dict[str, Any]]]:
-    from olmocr_tasks.config import ServerSettings
+    from olmocr_tasks.config import TimeoutSettings
 
-    limit = COLD_TARGET_FRACTION * ServerSettings().read_timeout_s
+    limit = COLD_TARGET_FRACTION * TimeoutSettings.read_timeout_s
     lines = [
         "Cold start: one-document runs whose first page's first request hangs before the client has timed",
-        f"any answer (defaults: read timeout {ServerSettings().read_timeout_s:g} s); target: hung run < {limit:g} s",
+        f"any answer (defaults: read timeout {TimeoutSettings.read_timeout_s:g} s); target: hung run < {limit:g} s",
         "",
         "| server | pages | /metrics | fault-free wall s | hung wall s | extra s | hung requests | hedged | "
         "requests | pages ok |",

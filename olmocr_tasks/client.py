@@ -5,13 +5,14 @@ What it adds over a bare HTTP client, each in answer to a failure seen with olmO
 * explicit connect/read/write timeouts (olmOCR had none, so one stalled request hung a work item);
 * retries of transport errors, timeouts, 429 and 5xx with jittered exponential backoff honouring
   ``Retry-After``, bounded per call, expressed with tenacity;
-* an outage circuit breaker (``outage``): when no request succeeds for ``outage_window_s`` while
-  requests keep failing and the server fails its readiness probes too, every pending and future call
-  raises ``ServerUnavailable`` so the task aborts and Airflow retries it later. An outage is never
-  turned into failed page attempts (olmOCR either waited ~2.8 h per page or killed the process), and
-  requests that hang on a healthy server are not an outage;
-* hedged requests (``hedging``): a request outstanding far longer than answered requests usually
-  take gets a second request for the same body when the server has room; the first answer wins;
+* an outage circuit breaker (``outage``, kept on time by ``outage_watch``): when no request succeeds
+  for ``outage_window_s`` while requests keep failing and the server fails its readiness probes too,
+  every pending and future call raises ``ServerUnavailable`` so the task aborts and Airflow retries it
+  later. An outage is never turned into failed page attempts (olmOCR either waited ~2.8 h per page or
+  killed the process), and requests that hang on a healthy server are not an outage;
+* hedged requests (``hedging`` decides, ``hedger`` sends): a request outstanding far longer than
+  answered requests usually take gets a second request for the same body when the server has room;
+  the first answer wins;
 * least-outstanding-requests balancing over replicas, with a cool-off for replicas that stop
   answering (``replicas``);
 * an in-flight window sized from vLLM's ``/metrics`` (``backpressure``), so several runs sharing a
@@ -22,6 +23,7 @@ What it adds over a bare HTTP client, each in answer to a failure seen with olmO
   (``priority``).
 
 This module keeps the HTTP exchange and the retry policy; each other policy lives in its own module.
+The HTTP transport can be injected (``transport``): unit tests answer with ``httpx.MockTransport``.
 The API key only ever travels in the ``Authorization`` header; exception texts and stats are redacted.
 """
 
@@ -47,8 +49,8 @@ from urllib.parse import urlsplit
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from olmocr_tasks.backpressure import InFlightWindow, MetricsPoller, metrics_url_for, target_waiting
-from olmocr_tasks.config import ServerSettings
+from olmocr_tasks.backpressure import InFlightWindow, MetricsPoller, metrics_url_for
+from olmocr_tasks.config import RetrySettings, ServerSettings
 from olmocr_tasks.errors import (
     AttemptFailed,
     ConfigurationError,
@@ -57,14 +59,15 @@ from olmocr_tasks.errors import (
     ServerUnavailable,
 )
 from olmocr_tasks.gpu_busy import GpuBusy, GpuBusyMeter
+from olmocr_tasks.hedger import Hedger, QueueView, hedge_cap
 from olmocr_tasks.hedging import HedgePolicy
 from olmocr_tasks.outage import OutageBreaker
+from olmocr_tasks.outage_watch import OutageWatch
 from olmocr_tasks.priority import check_scheduling_policy, with_priority
 from olmocr_tasks.protocol import usage_tokens
 from olmocr_tasks.readiness import ModelsProbe, wait_ready
 from olmocr_tasks.redaction import redact_text, redact_url
 from olmocr_tasks.replicas import COOLOFF_INITIAL_S, Replica, ReplicaSet, ReplicaStats
-from olmocr_tasks.vllm_metrics import QueueSample
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +163,8 @@ class InferenceClient:
     window as requests and memory stays flat.
 
     ``clock`` is what budgets and the outage window are measured with and ``sleep`` what retry
-    backoffs wait with; tests inject their own to observe them.
+    backoffs wait with; tests inject their own to observe them. ``transport`` replaces the HTTP
+    transport of every request (pages, probes, ``/metrics``), e.g. an ``httpx.MockTransport``.
     """
 
     def __init__(
@@ -169,47 +173,50 @@ class InferenceClient:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Sleep = asyncio.sleep,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        if not settings.base_urls:
+        connection, timeouts, concurrency = settings.connection, settings.timeouts, settings.concurrency
+        if not connection.base_urls:
             raise ConfigurationError("ServerSettings.base_urls is empty")
-        for url in settings.base_urls:
+        for url in connection.base_urls:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ConfigurationError(f"inference server URL must be http(s)://host[:port]/path: {redact_url(url)}")
-        check_scheduling_policy(settings.scheduling_policy)
+        check_scheduling_policy(concurrency.scheduling_policy)
         self._settings = settings
         self._clock = clock
         self._sleep = sleep
-        self._secrets: list[str | None] = [settings.api_key]
-        for url in settings.base_urls:
+        self._secrets: list[str | None] = [connection.api_key]
+        for url in connection.base_urls:
             self._secrets.append(urlsplit(url).password)
         self._replicas = ReplicaSet(
             Replica(
                 url,
-                ModelsProbe(url, settings.model, api_key=settings.api_key, secrets=self._secrets),
+                ModelsProbe(url, connection.model, api_key=connection.api_key, secrets=self._secrets),
                 metrics_url_for(url),
             )
-            for url in settings.base_urls
+            for url in connection.base_urls
         )
         headers = {"Content-Type": "application/json"}
-        if settings.api_key:
-            headers["Authorization"] = f"Bearer {settings.api_key}"
+        if connection.api_key:
+            headers["Authorization"] = f"Bearer {connection.api_key}"
         self._headers = headers
-        # Hedges go beyond the window (at most a quarter of it at once, see _room_for_hedge).
-        connections = settings.max_concurrent_requests + _hedge_cap(settings.max_concurrent_requests)
+        # Hedges go beyond the window (at most a quarter of it at once, see hedger.hedge_cap).
+        connections = concurrency.max_concurrent_requests + hedge_cap(concurrency.max_concurrent_requests)
         connections += len(self._replicas) + _CONNECTION_HEADROOM
         # Probes and /metrics polls have their own small pool: they must never wait behind pages
         # (hung requests included) for a connection.
         self._control_http = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=2 * len(self._replicas) + _CONNECTION_HEADROOM),
-            verify=settings.verify_tls,
+            verify=connection.verify_tls,
             follow_redirects=False,
+            transport=transport,
         )
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(
-                connect=settings.connect_timeout_s,
-                read=settings.read_timeout_s,
-                write=settings.write_timeout_s,
+                connect=timeouts.connect_timeout_s,
+                read=timeouts.read_timeout_s,
+                write=timeouts.write_timeout_s,
                 # Our own slot bounds concurrency; waiting for a pooled connection is not a failure.
                 pool=None,
             ),
@@ -218,26 +225,28 @@ class InferenceClient:
                 max_keepalive_connections=connections,
                 keepalive_expiry=_KEEPALIVE_EXPIRY_S,
             ),
-            verify=settings.verify_tls,
+            verify=connection.verify_tls,
             http1=True,
             http2=False,
             follow_redirects=False,
+            transport=transport,
         )
         _install_httpx_filter()
         self._window = InFlightWindow(
-            floor=settings.min_concurrent_requests,
-            ceiling=settings.max_concurrent_requests,
-            adaptive=settings.adaptive_concurrency,
-            served_first=settings.scheduling_policy == "priority" and settings.priority < 0,
+            floor=concurrency.min_concurrent_requests,
+            ceiling=concurrency.max_concurrent_requests,
+            adaptive=concurrency.adaptive_concurrency,
+            served_first=concurrency.scheduling_policy == "priority" and concurrency.priority < 0,
         )
         self._limiter = self._window.limiter
-        self._breaker = OutageBreaker(settings.outage_window_s, clock)
-        self._opened: asyncio.Future[None] | None = None
-        self._outage_timer: asyncio.TimerHandle | None = None
-        self._probe: asyncio.Task[None] | None = None
-        self._hedging = HedgePolicy(settings)
-        self._hedges_in_flight = 0
-        self._hedged = 0
+        self._breaker = OutageBreaker(settings.retries.outage_window_s, clock)
+        self._outage = OutageWatch(self._breaker, self._probe_server, self._describe_exception)
+        self._hedger = Hedger(
+            HedgePolicy(settings.hedging, timeouts.read_timeout_s),
+            QueueView(self._replicas, self._window, clock),
+            clock,
+            recheck_s=concurrency.metrics_poll_interval_s,
+        )
         self._poller: asyncio.Task[None] | None = None
         self._metrics_poller: MetricsPoller | None = None
         self._gpu_busy = GpuBusyMeter()
@@ -262,15 +271,12 @@ class InferenceClient:
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._outage_timer is not None:
-            self._outage_timer.cancel()
-            self._outage_timer = None
-        for task in (self._poller, self._probe):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._poller = self._probe = None
+        await self._outage.aclose()
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        self._poller = None
         await self._http.aclose()
         await self._control_http.aclose()
 
@@ -282,7 +288,7 @@ class InferenceClient:
                 self._control_http,
                 list(self._replicas),
                 self._window,
-                interval_s=self._settings.metrics_poll_interval_s,
+                interval_s=self._settings.concurrency.metrics_poll_interval_s,
                 headers=self._headers_without_body(),
                 keep_going=lambda: not self._breaker.is_open,
                 meter=self._gpu_busy,
@@ -353,7 +359,7 @@ class InferenceClient:
         return models
 
     async def _wait_ready(self, replica: Replica) -> list[str] | str:
-        timeout = self._settings.readiness_timeout_s
+        timeout = self._settings.timeouts.readiness_timeout_s
         result = await wait_ready(
             replica.probe,
             self._control_http,
@@ -368,11 +374,11 @@ class InferenceClient:
         return f"{replica.display}: not ready after {timeout:g} s: {result.detail}"
 
     def _probe_timeout(self) -> httpx.Timeout:
-        settings = self._settings
+        timeouts = self._settings.timeouts
         return httpx.Timeout(
-            connect=settings.connect_timeout_s,
-            read=min(settings.read_timeout_s, 30.0),
-            write=settings.write_timeout_s,
+            connect=timeouts.connect_timeout_s,
+            read=min(timeouts.read_timeout_s, 30.0),
+            write=timeouts.write_timeout_s,
             pool=None,
         )
 
@@ -417,15 +423,20 @@ class InferenceClient:
             raise ServerUnavailable(self._breaker.open_message)
 
     async def _complete_or_abort(self, body: bytes, on_hedge: Callable[[], None] | None) -> dict[str, Any]:
-        if self._settings.scheduling_policy == "priority":
+        concurrency = self._settings.concurrency
+        if concurrency.scheduling_policy == "priority":
             # vLLM serves its waiting queue by this value; under fcfs it refuses the field, so it is
             # only ever added here, and bodies stay olmOCR's byte for byte otherwise.
-            body = with_priority(body, self._settings.priority)
+            body = with_priority(body, concurrency.priority)
         # The retry loop runs as its own task so an opening breaker can cut short a backoff sleep or
         # a hung request at once instead of letting every caller wait out its budget.
-        work = asyncio.ensure_future(self._complete_hedged(body, on_hedge))
+        work = asyncio.ensure_future(
+            self._hedger.race(
+                lambda: _CallState(self._clock()), lambda call: self._complete_with_retries(body, call), on_hedge
+            )
+        )
         try:
-            await asyncio.wait({work, self._outage_opened()}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({work, self._outage.opened()}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             work.cancel()
             work.add_done_callback(_consume_outcome)
@@ -436,102 +447,6 @@ class InferenceClient:
         await asyncio.gather(work, return_exceptions=True)
         self._outcomes["unavailable"] += 1
         raise ServerUnavailable(self._breaker.open_message or "inference server unavailable")
-
-    async def _complete_hedged(self, body: bytes, on_hedge: Callable[[], None] | None) -> dict[str, Any]:
-        """The request, plus a hedge whenever the newest request is outstanding past its hedge time
-        (``HedgePolicy.due_at``) and the server has room; the first answer wins and the others are
-        cancelled."""
-        # The newest request's call: hedge timing counts from its latest attempt, and pauses while it
-        # backs off after a failure (the server answered; a hedge then would only add load to it).
-        newest = _CallState(self._clock())
-        arms = {asyncio.ensure_future(self._complete_with_retries(body, newest))}
-        hedges = 0
-        failure: BaseException | None = None
-        try:
-            while True:
-                may_hedge = self._hedging.enabled and hedges < self._hedging.hedge_limit
-                timeout: float | None = None
-                hedge_now = False
-                if may_hedge:
-                    self._hedging.observe_server(self._server_idle(), self._clock())
-                    self._observe_reading()
-                    sent_at = newest.last_attempt_started
-                    due_at = None if newest.backing_off else self._hedging.due_at(sent_at, hedges)
-                    now = self._clock()
-                    # Look again at least once per /metrics poll: the server's queue, and with it the
-                    # rule that applies, may change; a request sent before the run's first answers is
-                    # judged again by the rule they make possible; a server without room may get some.
-                    timeout = self._settings.metrics_poll_interval_s
-                    if due_at is not None and due_at > now:
-                        timeout = min(timeout, due_at - now)
-                    elif due_at is not None and self._room_for_hedge():
-                        hedge_now = True
-                if not hedge_now:
-                    done, _ = await asyncio.wait(arms, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                    for arm in done:
-                        arms.discard(arm)
-                        error = arm.exception()
-                        if error is None:
-                            return arm.result()
-                        if not isinstance(error, AttemptFailed):
-                            raise error
-                        # This request failed; another still outstanding may yet answer.
-                        failure = failure or error
-                    if not arms:
-                        assert failure is not None
-                        raise failure
-                    continue
-                newest = _CallState(self._clock())
-                arms.add(asyncio.ensure_future(self._hedge(body, newest)))
-                hedges += 1
-                if on_hedge is not None:
-                    on_hedge()
-        finally:
-            for arm in arms:
-                arm.cancel()
-            await asyncio.gather(*arms, return_exceptions=True)
-
-    def _fresh_samples(self) -> list[QueueSample]:
-        now = self._clock()
-        return [r.sample for r in self._replicas if r.sample is not None and not r.cooling(now)]
-
-    def _observe_reading(self) -> None:
-        """Tell the hedging rule whether the servers' latest /metrics readings hold any request at all.
-        Every replica must have been read (ours may be at any of them, a cooling one included); the
-        reading counts from the oldest of them."""
-        replicas = list(self._replicas)
-        if not self._window.adaptive or any(r.sample is None or r.sample_read_at is None for r in replicas):
-            return
-        held = sum(r.sample.running + r.sample.waiting for r in replicas if r.sample is not None)
-        read_at = min(r.sample_read_at for r in replicas if r.sample_read_at is not None)
-        self._hedging.observe_reading(held > 0, read_at)
-
-    def _server_idle(self) -> bool:
-        """Is nothing waiting in the server's queue? vLLM's metrics say so when they are read; without
-        them, a client whose window has room (and nobody waiting for it) has nothing queued anywhere."""
-        samples = self._fresh_samples()
-        if self._window.adaptive and samples:
-            return sum(s.waiting for s in samples) == 0
-        return self._limiter.in_use < self._limiter.limit and self._limiter.waiting == 0
-
-    def _room_for_hedge(self) -> bool:
-        """Does the server have spare capacity for a second request? Its queue says so when vLLM's
-        metrics are read; otherwise a free place in the in-flight window does."""
-        if self._hedges_in_flight >= _hedge_cap(self._window.controller.ceiling):
-            return False
-        samples = self._fresh_samples()
-        if self._window.adaptive and samples:
-            return sum(s.waiting for s in samples) <= sum(target_waiting(s.running) for s in samples)
-        return self._limiter.in_use < self._limiter.limit
-
-    async def _hedge(self, body: bytes, call: _CallState) -> dict[str, Any]:
-        self._hedges_in_flight += 1
-        self._hedged += 1
-        log.debug("hedging a slow request (recent p95 answer time %.2f s)", self._hedging.typical() or 0.0)
-        try:
-            return await self._complete_with_retries(body, call)
-        finally:
-            self._hedges_in_flight -= 1
 
     async def _complete_with_retries(self, body: bytes, call: _CallState) -> dict[str, Any]:
         retrying = AsyncRetrying(
@@ -549,17 +464,17 @@ class InferenceClient:
                 raise ServerUnavailable(self._breaker.open_message or "") from None
             self._outcomes["budget_exhausted"] += 1
             raise AttemptFailed(
-                f"transport: {exc.message} (retry budget of {self._settings.request_retry_budget_s:g} s spent)"
+                f"transport: {exc.message} (retry budget of {self._settings.retries.request_retry_budget_s:g} s spent)"
             ) from None
         finally:
             self._breaker.call_finished(call)
-            self._watch_outage()
+            self._outage.watch()
 
     def _should_stop(self, state: RetryCallState, call: _CallState) -> bool:
         if self._breaker.is_open:
             return True
         spent = self._clock() - call.started + state.upcoming_sleep
-        if spent < self._settings.request_retry_budget_s:
+        if spent < self._settings.retries.request_retry_budget_s:
             return False
         # Give up on this page only if the server demonstrably works (it answered a request or a probe
         # since our previous attempt started); otherwise this may be an outage, which the breaker
@@ -574,7 +489,7 @@ class InferenceClient:
         call.failed_replicas.clear()
         call.backoff_rounds += 1
         retry_after = exc.retry_after if isinstance(exc, _Retryable) else None
-        return backoff_delay(self._settings, call.backoff_rounds, retry_after)
+        return backoff_delay(self._settings.retries, call.backoff_rounds, retry_after)
 
     def _count_retry(self, state: RetryCallState, call: _CallState) -> None:
         call.backing_off = True
@@ -622,7 +537,7 @@ class InferenceClient:
             raise failure
         # Whatever else it answered, the server is up: that is progress as far as outages go.
         self._breaker.success(self._clock())
-        self._watch_outage()
+        self._outage.watch()
         replica.answered()
         if status in (401, 403):
             self._outcomes["auth"] += 1
@@ -643,7 +558,7 @@ class InferenceClient:
         replica.successes += 1
         self._gpu_busy.count_tokens(replica, usage_tokens(payload))
         self._outcomes["ok"] += 1
-        self._hedging.record(self._clock() - started)
+        self._hedger.policy.record(self._clock() - started)
         return payload
 
     def _failed(self, call: _CallState, replica: Replica, started: float, kind: str, exc: BaseException) -> _Retryable:
@@ -656,62 +571,19 @@ class InferenceClient:
         replica.failed(failure.kind, self._clock())
         call.failed_replicas.add(replica)
         self._breaker.failure(call, started, failure.message, failure.kind)
-        self._watch_outage()
+        self._outage.watch()
         log.debug("request to %s failed: %s", replica.display, failure.message)
 
     # -- outage ----------------------------------------------------------------------------------
 
-    def _outage_opened(self) -> asyncio.Future[None]:
-        if self._opened is None:
-            self._opened = asyncio.get_running_loop().create_future()
-            if self._breaker.is_open:
-                self._opened.set_result(None)
-        return self._opened
-
-    def _watch_outage(self) -> None:
-        """Keep a timer on the breaker's next decision: hung requests and sleeps produce no events."""
-        if self._outage_timer is not None:
-            self._outage_timer.cancel()
-            self._outage_timer = None
-        if self._breaker.is_open:
-            if self._opened is not None and not self._opened.done():
-                self._opened.set_result(None)
-            return
-        self._start_probe_if_due()
-        delay = self._breaker.next_check_in()
-        if delay is None:
-            return
-        with contextlib.suppress(RuntimeError):
-            self._outage_timer = asyncio.get_running_loop().call_later(delay + 0.001, self._outage_due)
-
-    def _outage_due(self) -> None:
-        self._outage_timer = None
-        self._breaker.check()
-        self._watch_outage()
-
-    def _start_probe_if_due(self) -> None:
-        if self._closed or not self._breaker.probe_due():
-            return
-        self._breaker.probe_started()
-        self._probe = asyncio.get_running_loop().create_task(self._probe_server(), name="olmocr-outage-probe")
-
-    async def _probe_server(self) -> None:
-        """Is the server up although requests fail? Any replica listing the model says it is."""
-        timeout = httpx.Timeout(min(_PROBE_TIMEOUT_S, max(0.05, self._settings.outage_window_s / 4)))
-        try:
-            results = await asyncio.gather(*(r.probe.probe(self._control_http, timeout) for r in self._replicas))
-        except Exception as exc:  # a bug here must not leave the breaker waiting for a verdict
-            self._breaker.probe_failed(self._describe_exception(exc))
-        else:
-            if any(result.ready for result in results):
-                self._breaker.probe_answered()
-            else:
-                self._breaker.probe_failed(
-                    "; ".join(f"{r.display}: {res.detail}" for r, res in zip(self._replicas, results, strict=True))
-                )
-        finally:
-            self._probe = None
-        self._watch_outage()
+    async def _probe_server(self) -> str | None:
+        """Is the server up although requests fail? Any replica listing the model says it is (None);
+        otherwise, why none does."""
+        timeout = httpx.Timeout(min(_PROBE_TIMEOUT_S, max(0.05, self._settings.retries.outage_window_s / 4)))
+        results = await asyncio.gather(*(r.probe.probe(self._control_http, timeout) for r in self._replicas))
+        if any(result.ready for result in results):
+            return None
+        return "; ".join(f"{r.display}: {res.detail}" for r, res in zip(self._replicas, results, strict=True))
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -741,18 +613,13 @@ class InferenceClient:
             window_mode=self._window.mode,
             breaker_open=self._breaker.is_open,
             replicas=self._replicas.stats(self._clock()),
-            hedged=self._hedged,
+            hedged=self._hedger.sent,
             probes_ok=self._breaker.probes_ok,
             probes_failed=self._breaker.probes_failed,
         )
 
 
-def _hedge_cap(window: int) -> int:
-    """Hedges in flight at once: a quarter of the window, so hedging cannot double the load."""
-    return max(1, window // 4)
-
-
-def backoff_delay(settings: ServerSettings, rounds: int, retry_after: float | None = None) -> float:
+def backoff_delay(settings: RetrySettings, rounds: int, retry_after: float | None = None) -> float:
     """Jittered exponential backoff for the ``rounds``-th wait of a call (1-based), never above
     ``backoff_max_s``; a server's ``Retry-After`` lengthens it up to that cap."""
     ceiling = min(settings.backoff_max_s, settings.backoff_initial_s * 2 ** min(rounds - 1, 32))

@@ -18,16 +18,29 @@ DEFAULT_MODEL = "allenai/olmOCR-2-7B-1025-FP8"
 
 
 @dataclass(frozen=True)
-class ServerSettings:
-    """Where the OpenAI-compatible inference server lives and how to talk to it."""
+class ConnectionSettings:
+    """Which server, which model, and who we are to it."""
 
     base_urls: tuple[str, ...] = ("http://127.0.0.1:8000/v1",)
     model: str = DEFAULT_MODEL
     api_key: str | None = field(default=None, repr=False)
+    verify_tls: bool = True
+
+
+@dataclass(frozen=True)
+class TimeoutSettings:
+    """How long one request, or the wait for a server to come up, may take."""
+
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 300.0
     write_timeout_s: float = 60.0
-    verify_tls: bool = True
+    readiness_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """How long a failing request is retried, and when failing requests are an outage."""
+
     # Transport errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter for at
     # most this long per request before the request counts as one failed page attempt.
     request_retry_budget_s: float = 120.0
@@ -37,36 +50,109 @@ class ServerSettings:
     # without an answer such as timeouts, the server also fails its readiness probes), the server is
     # declared unavailable and the conversion stops (it never degrades an outage into fallback pages).
     outage_window_s: float = 180.0
-    # A request outstanding for hedge_multiple x the hedge_percentile of recent answer times, or
-    # hedge_idle_multiple x that after the server's queue emptied, and never before hedge_min_delay_s,
-    # gets a second request for the same page when the server has room; the first answer wins (see
-    # olmocr_tasks.hedging). Hedges are never page attempts.
+
+
+@dataclass(frozen=True)
+class HedgeSettings:
+    """When a slow request gets a second one (see ``olmocr_tasks.hedging``).
+
+    A request outstanding for hedge_multiple x the hedge_percentile of recent answer times, or
+    hedge_idle_multiple x that after the server's queue emptied, and never before hedge_min_delay_s,
+    gets a second request for the same page when the server has room; the first answer wins. Hedges
+    are never page attempts.
+    """
+
     hedge_requests: bool = True
     hedge_percentile: float = 0.95
     hedge_multiple: float = 3.0
     hedge_idle_multiple: float = 1.25
     hedge_min_delay_s: float = 1.0
     max_hedges_per_request: int = 2
+
+
+@dataclass(frozen=True)
+class ConcurrencySettings:
+    """How many requests are in flight, and how they queue at the server (``backpressure``, ``priority``)."""
+
     max_concurrent_requests: int = 64
     # Read vLLM's /metrics and shrink the in-flight window when its waiting queue grows.
     adaptive_concurrency: bool = True
     # The adaptive window never goes below this, and /metrics is read this often to size it.
     min_concurrent_requests: int = 4
     metrics_poll_interval_s: float = 1.0
-    readiness_timeout_s: float = 60.0
     # vLLM's --scheduling-policy of the deployment ("fcfs" or "priority"); only with "priority" does
     # every request carry the run's ``priority`` (olmocr_tasks.priority), which fcfs would refuse.
     scheduling_policy: str = "fcfs"
     priority: int = 0
 
+
+_GROUPS: dict[str, type] = {
+    "connection": ConnectionSettings,
+    "timeouts": TimeoutSettings,
+    "retries": RetrySettings,
+    "hedging": HedgeSettings,
+    "concurrency": ConcurrencySettings,
+}
+# Every setting's name is unique across the groups, so callers, connection extras and manifests name
+# a setting without its group.
+_GROUP_OF: dict[str, str] = {f.name: group for group, kind in _GROUPS.items() for f in dataclasses.fields(kind)}
+
+
+@dataclass(frozen=True, init=False)
+class ServerSettings:
+    """Where the OpenAI-compatible inference server lives and how to talk to it, in five small groups.
+
+    Build it from groups, from single settings by name, or both (names win over their group)::
+
+        ServerSettings(timeouts=TimeoutSettings(read_timeout_s=60), max_concurrent_requests=8)
+
+    ``dataclasses.replace(settings, read_timeout_s=5)`` changes single settings the same way.
+    """
+
+    connection: ConnectionSettings
+    timeouts: TimeoutSettings
+    retries: RetrySettings
+    hedging: HedgeSettings
+    concurrency: ConcurrencySettings
+
+    def __init__(
+        self,
+        *,
+        connection: ConnectionSettings | None = None,
+        timeouts: TimeoutSettings | None = None,
+        retries: RetrySettings | None = None,
+        hedging: HedgeSettings | None = None,
+        concurrency: ConcurrencySettings | None = None,
+        **settings: Any,
+    ) -> None:
+        given: dict[str, Any] = {
+            "connection": connection,
+            "timeouts": timeouts,
+            "retries": retries,
+            "hedging": hedging,
+            "concurrency": concurrency,
+        }
+        changes: dict[str, dict[str, Any]] = {}
+        for name, value in settings.items():
+            if name not in _GROUP_OF:
+                raise TypeError(f"ServerSettings has no setting {name!r}")
+            changes.setdefault(_GROUP_OF[name], {})[name] = value
+        for group, kind in _GROUPS.items():
+            value = given[group] if given[group] is not None else kind()
+            if group in changes:
+                value = dataclasses.replace(value, **changes[group])
+            object.__setattr__(self, group, value)
+
     def public_dict(self) -> dict[str, Any]:
-        """The settings as they may appear in logs and manifests: no secret, no credentials in URLs."""
+        """The settings as they may appear in logs and manifests, by name: no secret, no credentials in URLs."""
         from olmocr_tasks.redaction import redact_url
 
-        data = dataclasses.asdict(self)
+        data: dict[str, Any] = {}
+        for group in _GROUPS:
+            data.update(dataclasses.asdict(getattr(self, group)))
         data.pop("api_key")
-        data["base_urls"] = [redact_url(url) for url in self.base_urls]
-        data["api_key_set"] = self.api_key is not None
+        data["base_urls"] = [redact_url(url) for url in self.connection.base_urls]
+        data["api_key_set"] = self.connection.api_key is not None
         return data
 
 

@@ -146,7 +146,7 @@ class ConversionEngine:
         self._pages = PageConverter(
             self._client,
             self._renderer,
-            RequestBodyBuilder(settings.server.model, settings.page.max_tokens),
+            RequestBodyBuilder(settings.server.connection.model, settings.page.max_tokens),
             settings.page,
         )
         self._spool_dir: str | None = None
@@ -175,7 +175,7 @@ class ConversionEngine:
 
     async def convert_all(self, sources: Sequence[SourceDocument]) -> list[DocumentEntry]:
         """Convert every source; entries come back in the order of ``sources``."""
-        window = self.settings.server.max_concurrent_requests
+        window = self.settings.server.concurrency.max_concurrent_requests
         admission = _Admission(high_water_pages=2 * window, max_open_documents=self.settings.max_open_documents)
         entries: list[DocumentEntry | None] = [None] * len(sources)
 
@@ -314,7 +314,7 @@ class ConversionEngine:
                     stem=source.stem,
                     storage=self._storage,
                     write_markdown=self.settings.write_markdown,
-                    model=self.settings.server.model,
+                    model=self.settings.server.connection.model,
                     prompt_version=PROMPT_VERSION,
                     package_version=__version__,
                 )

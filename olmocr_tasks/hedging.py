@@ -51,7 +51,7 @@ import bisect
 import collections
 import math
 
-from olmocr_tasks.config import ServerSettings
+from olmocr_tasks.config import HedgeSettings
 
 # Recent answers the percentile is taken over: long enough to be stable, short enough to follow a
 # server whose speed changes (another run starting, a replica joining).
@@ -96,9 +96,13 @@ class LatencyTracker:
 
 
 class HedgePolicy:
-    """When a request outstanding since some moment deserves a second one (``ServerSettings.hedge_*``)."""
+    """When a request outstanding since some moment deserves a second one.
 
-    def __init__(self, settings: ServerSettings, tracker: LatencyTracker | None = None) -> None:
+    ``read_timeout_s`` is the operator's bound on a healthy answer, which the cold-start rule uses
+    before any answer was timed.
+    """
+
+    def __init__(self, settings: HedgeSettings, read_timeout_s: float, tracker: LatencyTracker | None = None) -> None:
         self.enabled = settings.hedge_requests and settings.max_hedges_per_request > 0
         self.max_hedges = settings.max_hedges_per_request
         # Hedges the lost-request rule alone may add past ``max_hedges`` (see the module's text).
@@ -107,7 +111,7 @@ class HedgePolicy:
         self._multiple = settings.hedge_multiple
         self._idle_multiple = settings.hedge_idle_multiple
         self._min_delay_s = settings.hedge_min_delay_s
-        self._prior_s = COLD_PRIOR_FRACTION * settings.read_timeout_s
+        self._prior_s = COLD_PRIOR_FRACTION * read_timeout_s
         self.tracker = tracker or LatencyTracker()
         # Since when the server has had no queue (None while it has one, or before it was observed).
         self.idle_since: float | None = None

@@ -91,7 +91,9 @@ class RunRequest:
 
     @property
     def conversion_key(self) -> str:
-        return conversion_key(self.settings.server.model, PROMPT_VERSION, self.settings.page.target_longest_image_dim)
+        return conversion_key(
+            self.settings.server.connection.model, PROMPT_VERSION, self.settings.page.target_longest_image_dim
+        )
 
     def run_folder(self, storage: Storage, plan_id: str = SINGLE_PLAN) -> RunFolder:
         return RunFolder(storage, self.output_uri, self.run_id, plan_id)
@@ -107,7 +109,7 @@ def default_claim_expiry_s(settings: ConversionSettings) -> float:
     run. Airflow's retry of the same batch takes over its earlier attempt's claims at once.
     """
     server = settings.server
-    return 2 * (server.read_timeout_s + server.connect_timeout_s)
+    return 2 * (server.timeouts.read_timeout_s + server.timeouts.connect_timeout_s)
 
 
 def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
@@ -446,12 +448,12 @@ def convert_time_limit(pages: int, documents: int, settings: ConversionSettings)
     ``pages`` may be an estimate; documents count as at least one page each.
     """
     server = settings.server
-    waves = math.ceil(max(pages, documents, 1) / max(server.max_concurrent_requests, 1))
-    per_wave = settings.page.max_page_retries * (server.read_timeout_s + server.connect_timeout_s)
+    waves = math.ceil(max(pages, documents, 1) / max(server.concurrency.max_concurrent_requests, 1))
+    per_wave = settings.page.max_page_retries * (server.timeouts.read_timeout_s + server.timeouts.connect_timeout_s)
     seconds = (
-        server.readiness_timeout_s
-        + server.outage_window_s
-        + server.request_retry_budget_s
+        server.timeouts.readiness_timeout_s
+        + server.retries.outage_window_s
+        + server.retries.request_retry_budget_s
         + waves * per_wave
         + documents * settings.limits.render_timeout_s
     )
@@ -474,7 +476,7 @@ def _manifest_header(
         started_at=plan.started_at,
         finished_at=finished_at or utc_now(),
         server=request.settings.server.public_dict(),
-        model=request.settings.server.model,
+        model=request.settings.server.connection.model,
         prompt_version=PROMPT_VERSION,
         package_version=__version__,
         settings=request.settings.public_dict(),

@@ -63,7 +63,7 @@ def fast_settings(*servers: StandinServer | str, **overrides: Any) -> ServerSett
     return ServerSettings(**values)
 
 
-_BUILDER = RequestBodyBuilder(ServerSettings().model)
+_BUILDER = RequestBodyBuilder(ServerSettings().connection.model)
 
 
 @functools.cache
@@ -236,7 +236,7 @@ def test_hang_hits_read_timeout_and_is_retried(standin_factory: Factory) -> None
 @pytest.mark.parametrize(
     ("builder", "status"),
     [
-        (RequestBodyBuilder(ServerSettings().model, max_tokens=20000), "HTTP 400"),  # over the context
+        (RequestBodyBuilder(ServerSettings().connection.model, max_tokens=20000), "HTTP 400"),  # over the context
         (RequestBodyBuilder("some/other-model"), "HTTP 404"),  # model not served
     ],
 )
@@ -497,7 +497,9 @@ def test_readiness_reports_the_models_served(standin_factory: Factory) -> None:
             with pytest.raises(ServerNotReady) as caught:
                 await client.check_ready()
             assert server.stats()["endpoint_hits"]["/v1/models"] == 1  # a configuration error is not waited out
-            assert str(caught.value).endswith(f"serves someone/else-7B; configured model is {ServerSettings().model}")
+            assert str(caught.value).endswith(
+                f"serves someone/else-7B; configured model is {ServerSettings().connection.model}"
+            )
 
     run(scenario())
 
@@ -956,7 +958,9 @@ def test_hedged_request_is_counted_on_the_page_and_is_not_an_attempt(standin_fac
         settings = hedging_settings(server)
         async with InferenceClient(settings) as client:
             await _warm_up(client)
-            converter = PageConverter(client, _MarkedPages(), RequestBodyBuilder(settings.model), PageSettings())
+            converter = PageConverter(
+                client, _MarkedPages(), RequestBodyBuilder(settings.connection.model), PageSettings()
+            )
             return await converter.convert("doc.pdf", 0)
 
     page = run(scenario())

@@ -12,7 +12,8 @@ from olmocr_tasks.hedging import COLD_MULTIPLE, COLD_PRIOR_FRACTION, MIN_SAMPLES
 
 
 def policy_with(latencies: list[float], **settings: float | bool) -> HedgePolicy:
-    policy = HedgePolicy(ServerSettings(**settings))  # type: ignore[arg-type]
+    server = ServerSettings(**settings)
+    policy = HedgePolicy(server.hedging, server.timeouts.read_timeout_s)
     for seconds in latencies:
         policy.record(seconds)
     return policy
@@ -198,7 +199,7 @@ def test_floor_holds_for_both_rules() -> None:
 def test_defaults_need_no_floor_of_minutes() -> None:
     # The defaults a user gets: hedging follows the observed latency, not a fixed two minutes.
     defaults = ServerSettings()
-    assert defaults.hedge_requests and defaults.hedge_min_delay_s <= 1.0
+    assert defaults.hedging.hedge_requests and defaults.hedging.hedge_min_delay_s <= 1.0
     policy = policy_with([0.5] * 40)
     policy.observe_server(idle=True, now=0.0)
     due = policy.due_at(0.0)

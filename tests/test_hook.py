@@ -70,19 +70,23 @@ def test_settings_from_a_full_connection() -> None:
         },
     )
     settings = settings_from_connection(conn)
-    assert (settings.hedge_idle_multiple, settings.scheduling_policy) == (1.5, "priority")
-    assert settings.base_urls == (
+    assert (settings.hedging.hedge_idle_multiple, settings.concurrency.scheduling_policy) == (1.5, "priority")
+    assert settings.connection.base_urls == (
         "https://vllm.internal:8000/v1",
         "https://replica-2.internal/v1",
         "https://replica-3.internal:8000/v1",
     )
-    assert settings.model == "my/model"
-    assert settings.api_key == "s3cret-key"
-    assert settings.max_concurrent_requests == 12
-    assert settings.verify_tls is False
-    assert settings.read_timeout_s == 45.0
-    assert settings.readiness_timeout_s == 5.0
-    assert (settings.hedge_min_delay_s, settings.hedge_multiple, settings.hedge_requests) == (30.0, 2.5, False)
+    assert settings.connection.model == "my/model"
+    assert settings.connection.api_key == "s3cret-key"
+    assert settings.concurrency.max_concurrent_requests == 12
+    assert settings.connection.verify_tls is False
+    assert settings.timeouts.read_timeout_s == 45.0
+    assert settings.timeouts.readiness_timeout_s == 5.0
+    assert (settings.hedging.hedge_min_delay_s, settings.hedging.hedge_multiple, settings.hedging.hedge_requests) == (
+        30.0,
+        2.5,
+        False,
+    )
     # The key never reaches what is logged or written to a manifest.
     assert "s3cret-key" not in json.dumps(settings.public_dict()) + repr(settings)
 
@@ -90,14 +94,17 @@ def test_settings_from_a_full_connection() -> None:
 def test_settings_defaults_for_a_minimal_connection() -> None:
     settings = settings_from_connection(connection(host="gpu-box", port=8000))
     default = ServerSettings()
-    assert settings.base_urls == ("http://gpu-box:8000/v1",)
-    assert settings.model == DEFAULT_MODEL
-    assert settings.api_key is None
-    assert settings.max_concurrent_requests == default.max_concurrent_requests
-    assert settings.verify_tls is True
-    assert settings.hedge_requests is True
-    assert settings.scheduling_policy == "fcfs"
-    assert (settings.hedge_min_delay_s, settings.hedge_multiple) == (default.hedge_min_delay_s, default.hedge_multiple)
+    assert settings.connection.base_urls == ("http://gpu-box:8000/v1",)
+    assert settings.connection.model == DEFAULT_MODEL
+    assert settings.connection.api_key is None
+    assert settings.concurrency.max_concurrent_requests == default.concurrency.max_concurrent_requests
+    assert settings.connection.verify_tls is True
+    assert settings.hedging.hedge_requests is True
+    assert settings.concurrency.scheduling_policy == "fcfs"
+    assert (settings.hedging.hedge_min_delay_s, settings.hedging.hedge_multiple) == (
+        default.hedging.hedge_min_delay_s,
+        default.hedging.hedge_multiple,
+    )
 
 
 def test_replicas_as_a_json_list_and_prefixed_form_fields() -> None:
@@ -106,8 +113,8 @@ def test_replicas_as_a_json_list_and_prefixed_form_fields() -> None:
         extra={"extra__olmocr_vllm__model": "legacy/model", "replicas": ["b:2", "a:1"]},
     )
     settings = settings_from_connection(conn)
-    assert settings.base_urls == ("http://a:1/v1", "http://b:2/v1")
-    assert settings.model == "legacy/model"
+    assert settings.connection.base_urls == ("http://a:1/v1", "http://b:2/v1")
+    assert settings.connection.model == "legacy/model"
 
 
 @pytest.mark.parametrize(
@@ -158,10 +165,10 @@ def test_hook_reads_the_connection_and_applies_overrides(
         hedge_requests=True,
     )
     hook = VllmHook()
-    assert hook.get_conn().base_urls == (standin.url,)
-    assert hook.get_conn().hedge_min_delay_s == 45.0 and hook.get_conn().hedge_requests is True
-    assert hook.server_settings(max_concurrent_requests=None).max_concurrent_requests == 8
-    assert hook.server_settings(max_concurrent_requests=3).max_concurrent_requests == 3
+    assert hook.get_conn().connection.base_urls == (standin.url,)
+    assert hook.get_conn().hedging.hedge_min_delay_s == 45.0 and hook.get_conn().hedging.hedge_requests is True
+    assert hook.server_settings(max_concurrent_requests=None).concurrency.max_concurrent_requests == 8
+    assert hook.server_settings(max_concurrent_requests=3).concurrency.max_concurrent_requests == 3
 
 
 def test_check_ready_and_test_connection_against_the_standin(

@@ -64,8 +64,8 @@ def _sent_bodies(server: StandinServer, settings: ServerSettings, body: bytes) -
 
 
 def test_priority_reaches_vllm_only_under_priority_scheduling(standin_factory: Any) -> None:
-    body = RequestBodyBuilder(ServerSettings().model).build(marked_png(1, 1, as_base64=True), 0.1)
-    base = {"model": ServerSettings().model, "adaptive_concurrency": False, "priority": VLLM_PRIORITY[LOW]}
+    body = RequestBodyBuilder(ServerSettings().connection.model).build(marked_png(1, 1, as_base64=True), 0.1)
+    base = {"model": ServerSettings().connection.model, "adaptive_concurrency": False, "priority": VLLM_PRIORITY[LOW]}
 
     fcfs = standin_factory()
     settings = ServerSettings(base_urls=(fcfs.url,), **base)

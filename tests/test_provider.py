@@ -139,9 +139,9 @@ def test_build_request_for_a_scheduled_run_uses_its_interval() -> None:
     assert (request.modified_after, request.modified_until) == (H0, H1)
     assert request.documents is None
     assert request.run_id == "olmocr_ingest__scheduled__2026-03-01T10:00:00+00:00"
-    assert request.settings.server.base_urls == ("http://vllm.test:8000/v1",)
-    assert request.settings.server.model == "m/1"
-    assert request.settings.server.max_concurrent_requests == 7
+    assert request.settings.server.connection.base_urls == ("http://vllm.test:8000/v1",)
+    assert request.settings.server.connection.model == "m/1"
+    assert request.settings.server.concurrency.max_concurrent_requests == 7
     assert request.settings.max_page_error_rate == 0.004
     assert request.max_failed_attempts == 3
 

@@ -286,7 +286,7 @@ def https_standin(tmp_path: Path, standin: StandinServer) -> Iterator[tuple[TlsF
 
 def test_tls_certificates_are_verified_by_default(tmp_path: Path, https_standin: tuple[TlsFront, Path]) -> None:
     front, cert = https_standin
-    assert ServerSettings().verify_tls is True
+    assert ServerSettings().connection.verify_tls is True
     pdfgen.write_pdf(tmp_path / "in" / "a.pdf", pdfgen.text_pdf(1, doc_id=1))
     args = ["convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", front.url, *FAST]
     env = {"SSL_CERT_FILE": "", "SSL_CERT_DIR": ""}

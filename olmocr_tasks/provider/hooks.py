@@ -184,7 +184,7 @@ class VllmHook(BaseHook):
             models = self.check_ready(settings)
         except Exception as exc:
             return False, str(exc)
-        return True, f"{settings.model} is served ({', '.join(models)})"
+        return True, f"{settings.connection.model} is served ({', '.join(models)})"
 
 
 async def _check_ready(settings: ServerSettings) -> list[str]:

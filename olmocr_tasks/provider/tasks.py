@@ -318,7 +318,7 @@ def batching_rule(params: Mapping[str, Any], request: RunRequest, priority_class
     short_waves = priority_class == LOW and not named_size
     try:
         return BatchingRule(
-            min_pages=int(min_pages or request.settings.server.max_concurrent_requests),
+            min_pages=int(min_pages or request.settings.server.concurrency.max_concurrent_requests),
             parallel=_env_int("OLMOCR_CONVERT_SLOTS", DEFAULT_PARALLEL),
             max_batches=max_map_length(),
             bytes_per_page=_env_int("OLMOCR_BYTES_PER_PAGE", DEFAULT_BYTES_PER_PAGE),
@@ -362,11 +362,12 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
     served = context["ti"].xcom_pull(task_ids="check_server")
-    if served is not None and request.settings.server.model not in served:
+    if served is not None and request.settings.server.connection.model not in served:
         # The idempotency key must name the model that really answers: a server swapped since
         # check_server (or a CPU engine under the GPU model's name) would file its output under it.
         raise AirflowFailException(
-            f"the server reports {', '.join(served)}, not the connection's model {request.settings.server.model}"
+            f"the server reports {', '.join(served)}, "
+            f"not the connection's model {request.settings.server.connection.model}"
         )
     storage = storage_for([request.input_uri, request.output_uri, *(request.documents or ())])
     # A fresh plan id per planning: a cleared and re-run DAG run plans again, and nothing a task of the

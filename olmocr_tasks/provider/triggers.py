@@ -67,7 +67,7 @@ class VllmReadyTrigger(BaseTrigger):
         except ConfigurationError as exc:
             yield TriggerEvent({"status": "misconfigured", "message": f"connection {self.conn_id!r}: {exc}"})
             return
-        async with httpx.AsyncClient(verify=settings.verify_tls, follow_redirects=False) as http:
+        async with httpx.AsyncClient(verify=settings.connection.verify_tls, follow_redirects=False) as http:
             while True:
                 results = await probe_replicas(settings, http)
                 self.polls += 1
@@ -89,15 +89,18 @@ class VllmReadyTrigger(BaseTrigger):
 
 async def probe_replicas(settings: ServerSettings, http: httpx.AsyncClient) -> list[ProbeResult]:
     """One readiness probe of every replica, at once (``olmocr_tasks.readiness``)."""
-    secrets = [urlsplit(url).password for url in settings.base_urls]
-    probes = [ModelsProbe(url, settings.model, api_key=settings.api_key, secrets=secrets) for url in settings.base_urls]
-    timeout = httpx.Timeout(min(_PROBE_TIMEOUT_S, settings.connect_timeout_s + _PROBE_TIMEOUT_S))
+    secrets = [urlsplit(url).password for url in settings.connection.base_urls]
+    probes = [
+        ModelsProbe(url, settings.connection.model, api_key=settings.connection.api_key, secrets=secrets)
+        for url in settings.connection.base_urls
+    ]
+    timeout = httpx.Timeout(min(_PROBE_TIMEOUT_S, settings.timeouts.connect_timeout_s + _PROBE_TIMEOUT_S))
     return list(await asyncio.gather(*(probe.probe(http, timeout) for probe in probes)))
 
 
 async def probe_once(settings: ServerSettings) -> list[ProbeResult]:
     """``probe_replicas`` with a client of its own: the check a task makes before it defers."""
-    async with httpx.AsyncClient(verify=settings.verify_tls, follow_redirects=False) as http:
+    async with httpx.AsyncClient(verify=settings.connection.verify_tls, follow_redirects=False) as http:
         return await probe_replicas(settings, http)
 
 

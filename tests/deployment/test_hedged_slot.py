@@ -48,4 +48,4 @@ def test_batch_with_a_hung_request_releases_its_slot_without_waiting_for_the_rea
     (convert,) = [ti for ti in deployment.api.task_instances(DAG, run["dag_run_id"]) if ti["task_id"] == "convert"]
     assert convert["try_number"] == 1
     held = datetime.fromisoformat(convert["end_date"]) - datetime.fromisoformat(convert["start_date"])
-    assert held.total_seconds() < ServerSettings().read_timeout_s
+    assert held.total_seconds() < ServerSettings().timeouts.read_timeout_s
