@@ -231,7 +231,8 @@ class MetricsPoller:
     """Reads every replica's ``/metrics`` each ``interval_s`` and folds the queues into the window.
 
     A server without vLLM's queue gauges turns the window fixed at its ceiling, once. Every sample also
-    goes to ``meter`` (when given) with the ``clock`` time it was read at.
+    goes to ``meter`` (when given) with the ``clock`` time it was read at. ``start()`` polls in a task
+    of the running loop until ``stop()``; ``describe`` words an exception of that task for the log.
     """
 
     def __init__(
@@ -245,6 +246,7 @@ class MetricsPoller:
         keep_going: Callable[[], bool],
         meter: GpuBusyMeter | None = None,
         clock: Callable[[], float] = time.monotonic,
+        describe: Callable[[BaseException], str] = repr,
     ) -> None:
         self._http = http
         self._sources = sources
@@ -254,6 +256,35 @@ class MetricsPoller:
         self._keep_going = keep_going
         self._meter = meter
         self._clock = clock
+        self._describe = describe
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="olmocr-metrics-poller")
+            self._task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        # A bug in the poller must not freeze the window at whatever size it had.
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("adaptive concurrency stopped: %s", self._describe(task.exception()))
+            self._window.use_fixed("adaptive concurrency failed")
+            if self._meter is not None:
+                self._meter.interrupt()
+
+    async def stop(self) -> bool:
+        """Stop polling; returns whether it was still polling until now."""
+        task = self._task
+        if task is None or task.done():
+            return False
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return True
+
+    async def read_all(self) -> None:
+        """One reading of every replica, outside the polling rhythm."""
+        await asyncio.gather(*(self.fetch(source) for source in self._sources))
 
     async def run(self) -> None:
         while self._keep_going():

@@ -21,7 +21,17 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from olmocr_tasks import __version__
-from olmocr_tasks.config import DEFAULT_MODEL, ConversionSettings, DocumentLimits, PageSettings, ServerSettings
+from olmocr_tasks.config import (
+    DEFAULT_MODEL,
+    ConcurrencySettings,
+    ConversionSettings,
+    DocumentLimits,
+    HedgeSettings,
+    PageSettings,
+    RetrySettings,
+    ServerSettings,
+    TimeoutSettings,
+)
 from olmocr_tasks.cpu_engine import (
     CPU_ENGINE_MODEL,
     DEFAULT_OSD_MIN_CONFIDENCE,
@@ -80,7 +90,9 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"served model name (default {DEFAULT_MODEL})")
     parser.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the Bearer API key")
     parser.add_argument("--run-id", help="manifest name (default: cli-<UTC timestamp>-<random suffix>)")
-    parser.add_argument("--max-concurrent-requests", type=_positive_int, default=64)
+    parser.add_argument(
+        "--max-concurrent-requests", type=_positive_int, default=ConcurrencySettings.max_concurrent_requests
+    )
     parser.add_argument("--max-page-retries", type=_positive_int, default=8)
     parser.add_argument("--max-page-error-rate", type=_rate, default=0.004)
     parser.add_argument("--target-longest-image-dim", type=_positive_int, default=1288)
@@ -105,30 +117,42 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         help="how long a document claim lasts without renewal before another run may take the document over "
         "(default: twice the read timeout plus the connect timeout)",
     )
-    parser.add_argument("--read-timeout", type=float, default=300.0, help="seconds to wait for one answer")
-    parser.add_argument("--outage-window", type=float, default=180.0, help="seconds of failures before giving up")
-    parser.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the server to be ready")
+    parser.add_argument(
+        "--read-timeout", type=float, default=TimeoutSettings.read_timeout_s, help="seconds to wait for one answer"
+    )
+    parser.add_argument(
+        "--outage-window",
+        type=float,
+        default=RetrySettings.outage_window_s,
+        help="seconds of failures before giving up",
+    )
+    parser.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=TimeoutSettings.readiness_timeout_s,
+        help="seconds to wait for the server to be ready",
+    )
     parser.add_argument(
         "--hedge-min-delay",
         type=_positive_float,
-        default=ServerSettings.hedge_min_delay_s,
+        default=HedgeSettings.hedge_min_delay_s,
         metavar="SECONDS",
         help="never send a second request for a page outstanding less than this "
-        f"(default {ServerSettings.hedge_min_delay_s:g})",
+        f"(default {HedgeSettings.hedge_min_delay_s:g})",
     )
     parser.add_argument(
         "--hedge-multiple",
         type=_positive_float,
-        default=ServerSettings.hedge_multiple,
+        default=HedgeSettings.hedge_multiple,
         help="while vLLM's queue holds requests, hedge a page outstanding this many times the recent p95 "
-        f"answer time (default {ServerSettings.hedge_multiple:g})",
+        f"answer time (default {HedgeSettings.hedge_multiple:g})",
     )
     parser.add_argument(
         "--hedge-idle-multiple",
         type=_positive_float,
-        default=ServerSettings.hedge_idle_multiple,
+        default=HedgeSettings.hedge_idle_multiple,
         help="while vLLM's queue is empty, hedge a page outstanding this many times the recent p95 answer "
-        f"time since the queue emptied (default {ServerSettings.hedge_idle_multiple:g})",
+        f"time since the queue emptied (default {HedgeSettings.hedge_idle_multiple:g})",
     )
     parser.add_argument("--no-hedging", action="store_true", help="never send a second request for a slow page")
     parser.add_argument("--gpu-hour-price", type=float, help="price of one GPU hour, for the cost estimate")

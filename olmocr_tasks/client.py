@@ -22,7 +22,8 @@ What it adds over a bare HTTP client, each in answer to a failure seen with olmO
 * the run's priority class as vLLM's ``priority`` field when the deployment schedules by priority
   (``priority``).
 
-This module keeps the HTTP exchange and the retry policy; each other policy lives in its own module.
+This module keeps the HTTP exchange and the retry loop (its bookkeeping and backoff: ``request_retries``);
+each other policy lives in its own module.
 The HTTP transport can be injected (``transport``): unit tests answer with ``httpx.MockTransport``.
 The API key only ever travels in the ``Authorization`` header; exception texts and stats are redacted.
 """
@@ -32,11 +33,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import email.utils
 import json
 import logging
-import math
-import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -50,7 +48,7 @@ import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from olmocr_tasks.backpressure import InFlightWindow, MetricsPoller, metrics_url_for
-from olmocr_tasks.config import RetrySettings, ServerSettings
+from olmocr_tasks.config import ServerSettings
 from olmocr_tasks.errors import (
     AttemptFailed,
     ConfigurationError,
@@ -68,6 +66,7 @@ from olmocr_tasks.protocol import usage_tokens
 from olmocr_tasks.readiness import ModelsProbe, wait_ready
 from olmocr_tasks.redaction import redact_text, redact_url
 from olmocr_tasks.replicas import COOLOFF_INITIAL_S, Replica, ReplicaSet, ReplicaStats
+from olmocr_tasks.request_retries import CallState, Retryable, backoff_delay, retry_after_seconds
 
 log = logging.getLogger(__name__)
 
@@ -102,39 +101,6 @@ class ClientStats:
     hedged: int = 0
     probes_ok: int = 0
     probes_failed: int = 0
-
-
-class _Retryable(Exception):
-    """An attempt failed in a way another attempt may fix (server side or network)."""
-
-    def __init__(self, kind: str, message: str, replica: Replica, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.replica = replica
-        self.retry_after = retry_after
-
-
-class _CallState:
-    """Bookkeeping of one ``complete()`` call across its attempts."""
-
-    __slots__ = (
-        "backing_off",
-        "backoff_rounds",
-        "failed_replicas",
-        "last_attempt_started",
-        "previous_attempt_started",
-        "started",
-    )
-
-    def __init__(self, started: float) -> None:
-        self.started = started
-        self.last_attempt_started = started
-        self.previous_attempt_started = started
-        self.failed_replicas: set[Replica] = set()
-        self.backoff_rounds = 0
-        # Between a failed attempt and the next: no request of this call is at the server.
-        self.backing_off = False
 
 
 class _QuietRequestLines(logging.Filter):
@@ -247,8 +213,7 @@ class InferenceClient:
             clock,
             recheck_s=concurrency.metrics_poll_interval_s,
         )
-        self._poller: asyncio.Task[None] | None = None
-        self._metrics_poller: MetricsPoller | None = None
+        self._poller: MetricsPoller | None = None
         self._gpu_busy = GpuBusyMeter()
         self._closed = False
         self._requests = 0
@@ -273,10 +238,7 @@ class InferenceClient:
         self._closed = True
         await self._outage.aclose()
         if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
-        self._poller = None
+            await self._poller.stop()
         await self._http.aclose()
         await self._control_http.aclose()
 
@@ -284,7 +246,7 @@ class InferenceClient:
         if self._closed:
             raise RuntimeError("InferenceClient is closed")
         if self._window.adaptive and self._poller is None:
-            poller = MetricsPoller(
+            self._poller = MetricsPoller(
                 self._control_http,
                 list(self._replicas),
                 self._window,
@@ -293,17 +255,9 @@ class InferenceClient:
                 keep_going=lambda: not self._breaker.is_open,
                 meter=self._gpu_busy,
                 clock=self._clock,
+                describe=self._describe_exception,
             )
-            self._metrics_poller = poller
-            self._poller = asyncio.get_running_loop().create_task(poller.run(), name="olmocr-metrics-poller")
-            self._poller.add_done_callback(self._poller_done)
-
-    def _poller_done(self, task: asyncio.Task[None]) -> None:
-        # A bug in the poller must not freeze the window at whatever size it had.
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("adaptive concurrency stopped: %s", self._describe_exception(task.exception()))
-            self._window.use_fixed("adaptive concurrency failed")
-            self._gpu_busy.interrupt()
+            self._poller.start()
 
     async def finish_gpu_busy(self) -> GpuBusy:
         """Stop measuring and return the GPU-busy seconds charged to this client's requests (``gpu_busy``).
@@ -312,13 +266,8 @@ class InferenceClient:
         after the last answer, so the servers' token counters include every token this client counted.
         Unmeasured when the metrics were never polled (adaptive concurrency off, no ``/metrics``).
         """
-        poller, task = self._metrics_poller, self._poller
-        if poller is not None and task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            if not self._breaker.is_open:
-                await asyncio.gather(*(poller.fetch(replica) for replica in self._replicas))
+        if self._poller is not None and await self._poller.stop() and not self._breaker.is_open:
+            await self._poller.read_all()
         self._gpu_busy.stop()
         return self._gpu_busy.result()
 
@@ -432,7 +381,7 @@ class InferenceClient:
         # a hung request at once instead of letting every caller wait out its budget.
         work = asyncio.ensure_future(
             self._hedger.race(
-                lambda: _CallState(self._clock()), lambda call: self._complete_with_retries(body, call), on_hedge
+                lambda: CallState(self._clock()), lambda call: self._complete_with_retries(body, call), on_hedge
             )
         )
         try:
@@ -448,18 +397,18 @@ class InferenceClient:
         self._outcomes["unavailable"] += 1
         raise ServerUnavailable(self._breaker.open_message or "inference server unavailable")
 
-    async def _complete_with_retries(self, body: bytes, call: _CallState) -> dict[str, Any]:
+    async def _complete_with_retries(self, body: bytes, call: CallState) -> dict[str, Any]:
         retrying = AsyncRetrying(
             stop=lambda state: self._should_stop(state, call),
             wait=lambda state: self._backoff(state, call),
-            retry=retry_if_exception_type(_Retryable),
+            retry=retry_if_exception_type(Retryable),
             before_sleep=lambda state: self._count_retry(state, call),
             sleep=self._sleep,
             reraise=True,
         )
         try:
             return await retrying(self._attempt, body, call)
-        except _Retryable as exc:
+        except Retryable as exc:
             if self._breaker.is_open:
                 raise ServerUnavailable(self._breaker.open_message or "") from None
             self._outcomes["budget_exhausted"] += 1
@@ -470,7 +419,7 @@ class InferenceClient:
             self._breaker.call_finished(call)
             self._outage.watch()
 
-    def _should_stop(self, state: RetryCallState, call: _CallState) -> bool:
+    def _should_stop(self, state: RetryCallState, call: CallState) -> bool:
         if self._breaker.is_open:
             return True
         spent = self._clock() - call.started + state.upcoming_sleep
@@ -481,23 +430,23 @@ class InferenceClient:
         # must decide.
         return self._breaker.alive_since(call.previous_attempt_started)
 
-    def _backoff(self, state: RetryCallState, call: _CallState) -> float:
+    def _backoff(self, state: RetryCallState, call: CallState) -> float:
         exc = state.outcome.exception() if state.outcome is not None else None
         if self._replicas.candidates(call.failed_replicas, self._clock(), strict=True):
             # Another replica has not failed this call yet: try it now, the failure was local.
             return 0.0
         call.failed_replicas.clear()
         call.backoff_rounds += 1
-        retry_after = exc.retry_after if isinstance(exc, _Retryable) else None
+        retry_after = exc.retry_after if isinstance(exc, Retryable) else None
         return backoff_delay(self._settings.retries, call.backoff_rounds, retry_after)
 
-    def _count_retry(self, state: RetryCallState, call: _CallState) -> None:
+    def _count_retry(self, state: RetryCallState, call: CallState) -> None:
         call.backing_off = True
         self._retries += 1
         exc = state.outcome.exception() if state.outcome is not None else None
         log.debug("retrying in %.2f s after %s", state.upcoming_sleep, exc)
 
-    async def _attempt(self, body: bytes, call: _CallState) -> dict[str, Any]:
+    async def _attempt(self, body: bytes, call: CallState) -> dict[str, Any]:
         replica = self._replicas.pick(call.failed_replicas, self._clock())
         started = self._clock()
         call.previous_attempt_started = call.last_attempt_started
@@ -526,13 +475,13 @@ class InferenceClient:
         return self._handle_response(call, replica, started, response)
 
     def _handle_response(
-        self, call: _CallState, replica: Replica, started: float, response: httpx.Response
+        self, call: CallState, replica: Replica, started: float, response: httpx.Response
     ) -> dict[str, Any]:
         status = response.status_code
         if status == 429 or status >= 500:
             kind = "http_429" if status == 429 else "http_5xx"
             message = f"HTTP {status} from {replica.display}{self._snippet(response)}"
-            failure = _Retryable(kind, message, replica, _retry_after(response))
+            failure = Retryable(kind, message, replica, retry_after_seconds(response))
             self._record_failure(call, replica, started, failure)
             raise failure
         # Whatever else it answered, the server is up: that is progress as far as outages go.
@@ -561,12 +510,12 @@ class InferenceClient:
         self._hedger.policy.record(self._clock() - started)
         return payload
 
-    def _failed(self, call: _CallState, replica: Replica, started: float, kind: str, exc: BaseException) -> _Retryable:
-        failure = _Retryable(kind, f"{self._describe_exception(exc)} ({replica.display})", replica)
+    def _failed(self, call: CallState, replica: Replica, started: float, kind: str, exc: BaseException) -> Retryable:
+        failure = Retryable(kind, f"{self._describe_exception(exc)} ({replica.display})", replica)
         self._record_failure(call, replica, started, failure)
         return failure
 
-    def _record_failure(self, call: _CallState, replica: Replica, started: float, failure: _Retryable) -> None:
+    def _record_failure(self, call: CallState, replica: Replica, started: float, failure: Retryable) -> None:
         self._outcomes[failure.kind] += 1
         replica.failed(failure.kind, self._clock())
         call.failed_replicas.add(replica)
@@ -617,35 +566,6 @@ class InferenceClient:
             probes_ok=self._breaker.probes_ok,
             probes_failed=self._breaker.probes_failed,
         )
-
-
-def backoff_delay(settings: RetrySettings, rounds: int, retry_after: float | None = None) -> float:
-    """Jittered exponential backoff for the ``rounds``-th wait of a call (1-based), never above
-    ``backoff_max_s``; a server's ``Retry-After`` lengthens it up to that cap."""
-    ceiling = min(settings.backoff_max_s, settings.backoff_initial_s * 2 ** min(rounds - 1, 32))
-    delay = ceiling / 2 + random.uniform(0, ceiling / 2)
-    if retry_after is not None:
-        delay = max(delay, min(retry_after, settings.backoff_max_s))
-    return delay
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or HTTP date), if present and sane."""
-    value = response.headers.get("retry-after")
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        seconds = when.timestamp() - time.time()
-    if not math.isfinite(seconds):
-        return None
-    return max(0.0, seconds)
 
 
 def _consume_outcome(task: asyncio.Future[Any]) -> None:

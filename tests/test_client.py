@@ -17,7 +17,6 @@ from olmocr_tasks.backpressure import high_water
 from olmocr_tasks.client import InferenceClient
 from olmocr_tasks.config import PageSettings, ServerSettings
 from olmocr_tasks.errors import AttemptFailed, ConfigurationError, ServerNotReady, ServerUnavailable
-from olmocr_tasks.outage import OutageBreaker
 from olmocr_tasks.pages import PageConverter
 from olmocr_tasks.protocol import RequestBodyBuilder
 from tests.fixtures.standin import StandinServer, marked_png
@@ -709,88 +708,6 @@ def test_fixed_window_when_adaptive_is_off(standin_factory: Factory) -> None:
     assert stats.window_mode == "fixed" and stats.window == 6
     assert server.stats()["max_running"] == 6
     assert "/metrics" not in server.stats()["endpoint_hits"]
-
-
-# -- the outage breaker alone, on a fake clock -----------------------------------------------------
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def test_breaker_hung_requests_on_a_server_that_answers_its_probes_are_no_outage() -> None:
-    clock = FakeClock()
-    breaker = OutageBreaker(window_s=180, clock=clock, probe_interval_s=15)
-    breaker.success(clock.now)
-    for _ in range(20):
-        # A request hung for its whole 300-s read timeout: far past the window, yet no verdict
-        # without a probe.
-        clock.advance(300)
-        breaker.failure("page", started=clock.now - 300, error="ReadTimeout", kind="timeout")
-        assert not breaker.is_open
-        assert breaker.probe_due() and breaker.next_check_in() == 0.0
-        breaker.probe_started()
-        assert not breaker.probe_due()  # one probe at a time
-        clock.advance(0.01)
-        breaker.probe_answered()
-        assert breaker.failing_since is None and breaker.alive_since(clock.now)
-    assert not breaker.is_open and breaker.probes_ok == 20
-
-
-def test_breaker_opens_when_the_probes_fail_for_the_window() -> None:
-    clock = FakeClock()
-    breaker = OutageBreaker(window_s=180, clock=clock, probe_interval_s=15)
-    breaker.failure("page", started=clock.now, error="ConnectError", kind="connect")
-    probes = 0
-    while not breaker.is_open:
-        if breaker.probe_due():
-            breaker.probe_started()
-            breaker.probe_failed("ConnectError")
-            probes += 1
-        wait = breaker.next_check_in()
-        assert wait is not None and 0 < wait <= 15
-        clock.advance(wait)
-        breaker.check()
-    assert clock.now - 1000.0 == pytest.approx(180)
-    assert probes == 12  # one at the start, then one every 15 s until the window ends
-    assert "readiness probes failed too (ConnectError)" in (breaker.open_message or "")
-
-
-def test_breaker_answered_errors_open_without_probes() -> None:
-    clock = FakeClock()
-    breaker = OutageBreaker(window_s=60, clock=clock)
-    breaker.failure("page", started=clock.now, error="HTTP 503", kind="http_5xx")
-    assert not breaker.probe_due()
-    clock.advance(59)
-    assert not breaker.check()
-    breaker.probe_answered()  # /models answering does not make failing completions healthy
-    clock.advance(1)
-    assert breaker.check()
-
-
-def test_breaker_stale_probe_confirms_nothing() -> None:
-    clock = FakeClock()
-    breaker = OutageBreaker(window_s=10, clock=clock, probe_interval_s=2)
-    breaker.failure("first", started=clock.now, error="ConnectError", kind="connect")
-    breaker.probe_started()
-    breaker.probe_failed("ConnectError")
-    breaker.call_finished("first")  # the failing call gave up: the clock stops
-    clock.advance(5)
-    breaker.failure("second", started=clock.now - 20, error="ReadTimeout", kind="timeout")
-    # Past the window (the hung request counts the time it hung), but the only failed probe is
-    # stale: a fresh one decides.
-    assert not breaker.check()
-    assert breaker.probe_due()
-    breaker.probe_started()
-    breaker.probe_answered()
-    assert not breaker.is_open and breaker.failing_since is None
 
 
 # -- hung requests and hedging against the stand-in ----------------------------------------------------

@@ -1,14 +1,24 @@
-"""The hedging rule on its own (``olmocr_tasks.hedging``): times are plain numbers, no clock runs."""
+"""The hedging rule on its own (``olmocr_tasks.hedging``): times are plain numbers, no clock runs; then
+the hedger that acts on it (``olmocr_tasks.hedger``) with requests the test answers, no server."""
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import random
+import time
+from typing import Any
 
 import pytest
 
+from olmocr_tasks.backpressure import InFlightWindow, target_waiting
 from olmocr_tasks.config import ServerSettings
+from olmocr_tasks.errors import AttemptFailed, ServerUnavailable
+from olmocr_tasks.hedger import Hedger, QueueView, hedge_cap
 from olmocr_tasks.hedging import COLD_MULTIPLE, COLD_PRIOR_FRACTION, MIN_SAMPLES, HedgePolicy, LatencyTracker
+from olmocr_tasks.readiness import ModelsProbe
+from olmocr_tasks.replicas import Replica
+from olmocr_tasks.vllm_metrics import QueueSample
 
 
 def policy_with(latencies: list[float], **settings: float | bool) -> HedgePolicy:
@@ -219,3 +229,190 @@ def test_past_max_hedges_only_a_lost_request_is_hedged_again_up_to_the_limit() -
     assert policy.due_at(10.0, hedges_sent=2) == pytest.approx(12.4)
     assert policy.due_at(10.0, hedges_sent=3) == pytest.approx(12.4)
     assert policy.due_at(10.0, hedges_sent=4) is None
+
+
+# -- the hedger: a page's request racing its hedges, on a running event loop ------------------------
+
+
+class Request:
+    """The bookkeeping the hedger reads of one request (the client's is its retry state)."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.last_attempt_started = time.monotonic()
+        self.backing_off = False
+
+
+def hedger_with(*, ceiling: int = 16, recheck_s: float = 0.02, **settings: float | bool) -> Hedger:
+    """A hedger that hedges a request outstanding 50 ms (recent answers took 10 ms), over a fixed
+    window with room, so the client's own window is the server's queue."""
+    values: dict[str, float | bool] = {"hedge_min_delay_s": 0.05, **settings}
+    policy = policy_with([0.01] * MIN_SAMPLES, **values)
+    window = InFlightWindow(floor=1, ceiling=ceiling, adaptive=False)
+    return Hedger(policy, QueueView([], window, time.monotonic), time.monotonic, recheck_s=recheck_s)
+
+
+class Requests:
+    """Makes requests and sends them: ``answers[n]`` is what request ``n`` (0 the first, then the
+    hedges) does: a dict answers, an exception raises, None hangs until cancelled."""
+
+    def __init__(self, *answers: dict[str, Any] | BaseException | None) -> None:
+        self.answers = list(answers)
+        self.made: list[Request] = []
+        self.cancelled: list[int] = []
+        self.hedged = 0
+
+    def start(self) -> Request:
+        self.made.append(Request(len(self.made)))
+        return self.made[-1]
+
+    async def send(self, request: Request) -> dict[str, Any]:
+        answer = self.answers[request.number] if request.number < len(self.answers) else None
+        if isinstance(answer, BaseException):
+            raise answer
+        if answer is not None:
+            return answer
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(request.number)
+            raise
+        raise AssertionError("unreachable")
+
+    def on_hedge(self) -> None:
+        self.hedged += 1
+
+
+def race(hedger: Hedger, requests: Requests) -> dict[str, Any]:
+    async def bounded() -> dict[str, Any]:
+        return await asyncio.wait_for(hedger.race(requests.start, requests.send, requests.on_hedge), 45)
+
+    return asyncio.run(bounded())
+
+
+def test_hedger_sends_nothing_for_a_request_that_answers() -> None:
+    hedger = hedger_with()
+    requests = Requests({"answer": 0})
+    assert race(hedger, requests) == {"answer": 0}
+    assert (hedger.sent, requests.hedged, len(requests.made)) == (0, 0, 1)
+
+
+def test_hedger_first_answer_wins_and_the_slow_request_is_cancelled() -> None:
+    hedger = hedger_with()
+    requests = Requests(None, {"answer": 1})
+    assert race(hedger, requests) == {"answer": 1}
+    assert hedger.sent == 1 and requests.hedged == 1 and hedger.in_flight == 0
+    assert requests.cancelled == [0]
+
+
+def test_hedger_a_failed_request_leaves_its_hedge_racing() -> None:
+    hedger = hedger_with()
+    requests = Requests(None, AttemptFailed("HTTP 400"), {"answer": 2})
+    # The first hangs, its hedge fails as a page attempt: the race goes on, and the next hedge
+    # (allowed: max_hedges_per_request is 2) answers.
+    assert race(hedger, requests) == {"answer": 2}
+    assert hedger.sent == 2 and requests.cancelled == [0]
+
+
+def test_hedger_raises_the_failure_when_every_request_failed() -> None:
+    hedger = hedger_with(hedge_requests=False)
+    requests = Requests(AttemptFailed("HTTP 400"))
+    with pytest.raises(AttemptFailed, match="HTTP 400"):
+        race(hedger, requests)
+
+
+def test_hedger_any_other_error_ends_the_race() -> None:
+    hedger = hedger_with()
+    requests = Requests(None, ServerUnavailable("down"))
+    with pytest.raises(ServerUnavailable):
+        race(hedger, requests)
+    assert requests.cancelled == [0] and hedger.in_flight == 0
+
+
+def test_hedger_sends_no_hedge_while_the_request_backs_off() -> None:
+    hedger = hedger_with()
+    requests = Requests(None)
+
+    async def scenario() -> int:
+        def start() -> Request:
+            request = requests.start()
+            request.backing_off = True  # between two attempts: nothing of it is at the server
+            return request
+
+        task = asyncio.ensure_future(hedger.race(start, requests.send))
+        # Many times the 50-ms hedge delay.
+        await asyncio.sleep(0.5)
+        sent = hedger.sent
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return sent
+
+    assert asyncio.run(scenario()) == 0
+    assert requests.cancelled == [0]
+
+
+def test_hedger_keeps_hedges_in_flight_under_a_quarter_of_the_window() -> None:
+    # A window of 4 allows one hedge in flight at once; every request hangs, the second hedge would
+    # be due 50 ms after the first.
+    hedger = hedger_with(ceiling=4)
+    requests = Requests()
+
+    async def scenario() -> tuple[int, int]:
+        task = asyncio.ensure_future(hedger.race(requests.start, requests.send))
+        while hedger.sent == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)
+        seen = hedger.sent, hedger.in_flight
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return seen
+
+    assert asyncio.run(scenario()) == (1, 1)
+    assert sorted(requests.cancelled) == [0, 1] and hedger.in_flight == 0
+    assert [hedge_cap(window) for window in (1, 4, 7, 8, 64)] == [1, 1, 1, 2, 16]
+
+
+# -- the server's queue as the hedger sees it ----------------------------------------------------------
+
+
+def _replica(url: str, sample: QueueSample | None, read_at: float | None = None) -> Replica:
+    replica = Replica(url, ModelsProbe(url, "m"), url + "/metrics")
+    replica.sample, replica.sample_read_at = sample, read_at
+    return replica
+
+
+def test_queue_view_reads_vllm_metrics_when_the_window_adapts() -> None:
+    window = InFlightWindow(floor=1, ceiling=8, adaptive=True)
+    busy = [_replica("http://a/v1", QueueSample(running=16, waiting=4), 10.0), _replica("http://b/v1", None)]
+    view = QueueView(busy, window, lambda: 20.0)
+    assert not view.idle()
+    # Queued no deeper than the depth worth keeping for what runs: room for a hedge; deeper: none.
+    assert target_waiting(16) == 4 and view.has_room()
+    busy[0].sample = QueueSample(running=16, waiting=5)
+    assert not view.has_room()
+    # A cooling replica's reading is stale: without a fresh one, the client's own window (empty) decides.
+    busy[0].cool_off(now=20.0, seconds=5.0)
+    assert view.idle() and view.has_room()
+    busy[0].cool_until = float("-inf")
+    assert view.latest_reading() is None  # replica b was never read
+    busy[1].sample, busy[1].sample_read_at = QueueSample(running=0, waiting=0), 12.0
+    assert view.latest_reading() == (True, 10.0)
+    empty = [_replica("http://a/v1", QueueSample(running=0, waiting=0), 11.0)]
+    assert QueueView(empty, window, lambda: 20.0).latest_reading() == (False, 11.0)
+    assert QueueView(empty, window, lambda: 20.0).idle()
+
+
+def test_queue_view_without_metrics_uses_the_clients_window() -> None:
+    window = InFlightWindow(floor=1, ceiling=1, adaptive=False)
+    view = QueueView([_replica("http://a/v1", QueueSample(running=9, waiting=9), 1.0)], window, lambda: 2.0)
+    # A fixed window ignores /metrics: one free place means room, and nothing queued.
+    assert view.idle() and view.has_room() and view.latest_reading() is None
+
+    async def occupied() -> tuple[bool, bool]:
+        await window.limiter.acquire()
+        try:
+            return view.idle(), view.has_room()
+        finally:
+            window.limiter.release()
+
+    assert asyncio.run(occupied()) == (False, False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from olmocr_tasks import __version__
-from olmocr_tasks.config import DEFAULT_MODEL
+from olmocr_tasks.config import ConnectionSettings, HedgeSettings, RetrySettings, TimeoutSettings
 
 CONNECTION_TYPE = "olmocr_vllm"
 DEFAULT_CONN_ID = "olmocr_vllm"
@@ -43,7 +43,7 @@ def get_provider_info() -> dict[str, Any]:
                     "model": {
                         "label": "Served model name",
                         "description": "Must be listed by GET /v1/models.",
-                        "schema": {"type": ["string", "null"], "default": DEFAULT_MODEL},
+                        "schema": {"type": ["string", "null"], "default": ConnectionSettings.model},
                     },
                     "replicas": {
                         "label": "More replicas",
@@ -61,33 +61,41 @@ def get_provider_info() -> dict[str, Any]:
                     },
                     "verify_tls": {
                         "label": "Verify TLS certificates",
-                        "schema": {"type": ["boolean", "null"], "default": True},
+                        "schema": {"type": ["boolean", "null"], "default": ConnectionSettings.verify_tls},
                     },
                     "read_timeout_s": {
                         "label": "Read timeout (s)",
-                        "description": "How long one page may take to answer (default 300).",
+                        "description": (
+                            f"How long one page may take to answer (default {TimeoutSettings.read_timeout_s:g})."
+                        ),
                         "schema": {"type": ["number", "null"], "minimum": 1},
                     },
                     "outage_window_s": {
                         "label": "Outage window (s)",
-                        "description": "Failing this long with no success aborts the task for a retry (default 180).",
+                        "description": (
+                            "Failing this long with no success aborts the task for a retry "
+                            f"(default {RetrySettings.outage_window_s:g})."
+                        ),
                         "schema": {"type": ["number", "null"], "minimum": 1},
                     },
                     "hedge_requests": {
                         "label": "Hedge slow requests",
                         "description": "Send a second request for a page that outlasts its peers; first answer wins.",
-                        "schema": {"type": ["boolean", "null"], "default": True},
+                        "schema": {"type": ["boolean", "null"], "default": HedgeSettings.hedge_requests},
                     },
                     "hedge_min_delay_s": {
                         "label": "Hedge floor (s)",
-                        "description": "Never hedge a request outstanding for less than this (default 1).",
+                        "description": (
+                            "Never hedge a request outstanding for less than this "
+                            f"(default {HedgeSettings.hedge_min_delay_s:g})."
+                        ),
                         "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
                     },
                     "hedge_multiple": {
                         "label": "Hedge multiple of p95",
                         "description": (
                             "While vLLM's queue holds requests, hedge after this many times the recent p95 "
-                            "answer time (default 3)."
+                            f"answer time (default {HedgeSettings.hedge_multiple:g})."
                         ),
                         "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
                     },
@@ -103,7 +111,7 @@ def get_provider_info() -> dict[str, Any]:
                         "label": "Hedge multiple of p95, idle server",
                         "description": (
                             "While vLLM's queue is empty, hedge after this many times the recent p95 answer "
-                            "time since it emptied (default 1.25)."
+                            f"time since it emptied (default {HedgeSettings.hedge_idle_multiple:g})."
                         ),
                         "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
                     },
