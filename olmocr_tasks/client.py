@@ -22,9 +22,9 @@ What it adds over a bare HTTP client, each in answer to a failure seen with olmO
 * the run's priority class as vLLM's ``priority`` field when the deployment schedules by priority
   (``priority``).
 
-This module keeps the HTTP exchange and the retry loop (its bookkeeping and backoff: ``request_retries``);
-each other policy lives in its own module.
-The HTTP transport can be injected (``transport``): unit tests answer with ``httpx.MockTransport``.
+This module keeps the HTTP exchange and the retry loop (its bookkeeping and backoff live in
+``request_retries``); each other policy lives in its own module. The HTTP transport can be injected
+(``transport``): unit tests answer with ``httpx.MockTransport``.
 The API key only ever travels in the ``Authorization`` header; exception texts and stats are redacted.
 """
 
@@ -130,7 +130,8 @@ class InferenceClient:
 
     ``clock`` is what budgets and the outage window are measured with and ``sleep`` what retry
     backoffs wait with; tests inject their own to observe them. ``transport`` replaces the HTTP
-    transport of every request (pages, probes, ``/metrics``), e.g. an ``httpx.MockTransport``.
+    transport of every request (pages, probes, ``/metrics``), e.g. an ``httpx.MockTransport``; its
+    own connection pool and TLS settings then apply instead of the ones built here.
     """
 
     def __init__(
