@@ -28,7 +28,7 @@ from typing import Any
 
 from bench.common import CPU_BOUND, MODEL, RESULTS_DIR, VENV_BIN, fresh_dir, standin, subprocess_env
 from bench.measure import run_measured
-from olmocr_tasks.manifest import SHARD_SUFFIX
+from olmocr_tasks.layout import SHARD_SUFFIX
 from olmocr_tasks.manifest_reader import open_manifest
 
 RESULT_FILE = RESULTS_DIR / "scale.jsonl"

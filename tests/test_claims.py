@@ -289,7 +289,7 @@ def test_what_claims_cost_per_document_in_a_counted_run_on_s3(
     # One more document is held by another run that is converting it: this run leaves it for later.
     taken = inbox / "taken.pdf"
     pdfgen.write_pdf(taken, pdfgen.text_pdf(1, doc_id=180 + docs))
-    state = Ledger(output, storage, request.conversion_key).state_uri
+    state = Ledger(output, storage, request.conversion_key).state
     other = ClaimBook(storage, state, ClaimHolder("other", "p", "b", 1, T0), 600.0)
     other_claim = held(other.acquire(Storage().stat(str(taken))))
     taken_claim = unquote(other_claim.uri.split("/counted/", 1)[1])

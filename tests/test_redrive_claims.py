@@ -119,7 +119,7 @@ def test_a_document_claimed_by_a_live_run_is_left_for_later_and_shown_so(
     storage = Storage()
     request = _request(inbox, output, settings=_settings(standin))
     held = {info.uri: info for info in storage.list_objects(str(inbox))}[str(inbox / "doc81.pdf")]
-    state = Ledger(str(output), storage, request.conversion_key).state_uri
+    state = Ledger(str(output), storage, request.conversion_key).state
     other = ClaimBook(storage, state, ClaimHolder("other-run", "p", "b", 1, T0), 600).acquire(held)
     assert not isinstance(other, Blocked)
 
