@@ -183,7 +183,6 @@ class Ledger:
         self.conversion_key = conversion_key
         # The keys of this conversion key's state (``olmocr_tasks.layout``), shared with pages and claims.
         self.state = OutputLocation(output_uri).state(conversion_key)
-        self.state_uri = self.state.uri
         self._description = dict(description) if description else None
         # Failure markers read by this instance (they never change once written).
         self._markers_read: dict[str, dict[str, Any] | None] = {}

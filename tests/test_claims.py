@@ -239,7 +239,7 @@ def test_retention_removes_claims_no_run_holds_and_never_a_live_one(place: Place
         return book_for(place, clocks, run_id).acquire(docs[name])
 
     def left() -> set[str]:
-        return {info.uri for info in storage.list_objects(f"{state}/claims")}
+        return {info.uri for info in storage.list_objects(f"{state.uri}/claims")}
 
     held(claim("dead", "dead"))  # its holder dies: never renewed, never released
     frozen = held(claim("frozen", "taken"))  # its holder freezes and is taken over
