@@ -8,12 +8,14 @@ from typing import Any
 from bench.common import MODEL, VENV_BIN, Row, fresh_dir, subprocess_env
 from bench.corpus import Corpus
 from bench.measure import run_measured
+from olmocr_tasks.layout import OutputLocation
 from olmocr_tasks.manifest_reader import open_manifest
 
 
 def read_manifest(output: Path) -> dict[str, Any] | None:
     """The run manifest under ``output/manifests/`` (one run per output folder here)."""
-    found = sorted((output / "manifests").glob("*.json")) if (output / "manifests").is_dir() else []
+    manifests = Path(OutputLocation(str(output)).manifests_uri)
+    found = sorted(manifests.glob("*.json")) if manifests.is_dir() else []
     return open_manifest(str(found[-1])).summary if found else None
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from bench.common import CPU_BOUND, MODEL, RESULTS_DIR, VENV_BIN, fresh_dir, standin, subprocess_env
 from bench.measure import run_measured
-from olmocr_tasks.manifest import SHARD_SUFFIX
+from olmocr_tasks.layout import SHARD_SUFFIX, OutputLocation, shards_folder
 from olmocr_tasks.manifest_reader import open_manifest
 
 RESULT_FILE = RESULTS_DIR / "scale.jsonl"
@@ -88,11 +88,11 @@ def _files(root: Path) -> list[Path]:
 
 
 def _manifest_figures(output: Path, run_id: str) -> dict[str, Any]:
-    summary_path = output / "manifests" / f"{run_id}.json"
+    summary_path = Path(OutputLocation(str(output)).manifest(run_id))
     if not summary_path.is_file():
         return {"summary_bytes": None, "shard_bytes": None, "counts": None}
     summary = open_manifest(str(summary_path)).summary
-    shard_dir = output / "manifests" / run_id
+    shard_dir = Path(shards_folder(str(summary_path)))
     shards = [path for path in _files(shard_dir) if path.name.endswith(SHARD_SUFFIX)] if shard_dir.is_dir() else []
     return {
         "summary_bytes": summary_path.stat().st_size,
@@ -113,7 +113,8 @@ def measure(documents: int, work: Path, server: str) -> dict[str, Any]:
     first = _convert(input_dir, output, run_id, server, root / "first.log")
     figures = _manifest_figures(output, run_id)
     objects = len(_files(output))
-    run_folder_objects = len(_files(output / "_runs")) if (output / "_runs").is_dir() else 0
+    runs = Path(OutputLocation(str(output)).runs_uri)
+    run_folder_objects = len(_files(runs)) if runs.is_dir() else 0
     # The top-up: 20 new documents in the same input, converted over the whole history.
     write_corpus(input_dir, documents, NEW_DOCUMENTS)
     top_up_id = f"scale-{documents}-topup"

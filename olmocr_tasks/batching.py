@@ -35,7 +35,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from olmocr_tasks.runs import SourceDocument
+from olmocr_tasks.documents import SourceDocument
 
 # A born-digital text page is 10-100 KB, a scanned one 100-500 KB: 64 KiB errs towards counting more
 # pages, i.e. towards more (smaller) instances, which costs start-up time but never starves the server.

@@ -2,7 +2,7 @@
 
 Before converting a version a run claims it in the output location's state with the storage layer's
 create-if-absent write (``Storage.create_exclusive``: a hard link locally, ``If-None-Match: *`` on S3,
-the primitive output-owner records use)::
+the primitive output-owner records use; keys named by ``olmocr_tasks.layout``)::
 
     _state/<conv>/claims/<source-id>/<fingerprint>.claim                     the first claim
     _state/<conv>/claims/<source-id>/<fingerprint>.claim.after-<token>       took over the claim <token>
@@ -47,13 +47,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from olmocr_tasks.errors import StorageError
+from olmocr_tasks.layout import ConversionState, claim_successor, first_claim_of
 from olmocr_tasks.ledger import fingerprint, source_id
 from olmocr_tasks.storage import ObjectInfo, Storage
-from olmocr_tasks.uri import join_uri
 
 log = logging.getLogger(__name__)
 
-CLAIMS_DIR = "claims"
 # Renewals per expiry: a holder renews every expiry / RENEWALS_PER_EXPIRY seconds.
 RENEWALS_PER_EXPIRY = 4
 # Steps of a chain walk before giving up (each step is a take-over: a chain this long is pathological).
@@ -135,7 +134,7 @@ class ClaimBook:
     def __init__(
         self,
         storage: Storage,
-        state_uri: str,
+        state: ConversionState,
         holder: ClaimHolder,
         expiry_s: float,
         *,
@@ -148,7 +147,7 @@ class ClaimBook:
         self.holder = holder
         self.expiry_s = float(expiry_s)
         self.respect_cool_downs = respect_cool_downs
-        self._folder = join_uri(state_uri, CLAIMS_DIR)
+        self._state = state
         self._clock = clock
 
     @property
@@ -156,7 +155,7 @@ class ClaimBook:
         return self.expiry_s / RENEWALS_PER_EXPIRY
 
     def root_uri(self, info: ObjectInfo) -> str:
-        return join_uri(self._folder, source_id(info.uri), f"{fingerprint(info)}.claim")
+        return self._state.claim(source_id(info.uri), fingerprint(info))
 
     def acquire(self, info: ObjectInfo) -> Claim | Blocked:
         """Claim this version: a ``Claim`` to hold, or ``Blocked`` by the run that holds it.
@@ -181,7 +180,7 @@ class ClaimBook:
             existing = ClaimRecord.from_bytes(raw)
             blocker = existing
             chain.append(key)
-            successor = _successor(root, existing.token)
+            successor = claim_successor(root, existing.token)
             if self._may_take_over(existing):
                 key = successor  # create it; if another run did first, read theirs and walk on
                 continue
@@ -232,7 +231,7 @@ class Claim:
 
     @property
     def _successor_uri(self) -> str:
-        return _successor(self._chain[0], self.record.token)
+        return claim_successor(self._chain[0], self.record.token)
 
     def still_held(self) -> bool:
         """Whether this claim is still ours: nobody created its successor (one small read).
@@ -301,10 +300,6 @@ class Claim:
         self._released = True
 
 
-def _successor(root: str, token: str) -> str:
-    return f"{root}.after-{token}"
-
-
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
@@ -338,7 +333,7 @@ def stale_claims(
     """
     groups: dict[str, dict[str, ObjectInfo]] = defaultdict(dict)
     for info in claim_objects:
-        root = _root_of(info.uri)
+        root = first_claim_of(info.uri)
         if root is not None:
             groups[root][info.uri] = info
     doomed: list[ObjectInfo] = []
@@ -352,7 +347,7 @@ def stale_claims(
         key = root
         while key in records and key not in chain:
             chain.append(key)
-            key = _successor(root, records[key].token)
+            key = claim_successor(root, records[key].token)
         if chain and _settled(records[chain[-1]], now) and all(objects[uri].last_modified < cutoff for uri in chain):
             doomed += [objects[uri] for uri in chain]
         doomed += [
@@ -361,14 +356,6 @@ def stale_claims(
             if uri not in chain and _settled(record, now) and objects[uri].last_modified < cutoff
         ]
     return doomed
-
-
-def _root_of(uri: str) -> str | None:
-    """The first claim's key of a claim object's chain; None for anything that is not a claim."""
-    head, marker, _ = uri.rpartition(".claim.after-")
-    if marker:
-        return f"{head}.claim"
-    return uri if uri.endswith(".claim") else None
 
 
 def _settled(record: ClaimRecord, now: datetime) -> bool:

@@ -32,6 +32,7 @@ from olmocr_tasks import __version__
 from olmocr_tasks.claims import Blocked, Claim, ClaimBook
 from olmocr_tasks.client import InferenceClient
 from olmocr_tasks.config import ConversionSettings
+from olmocr_tasks.documents import SourceDocument
 from olmocr_tasks.errors import (
     CorruptPdfError,
     DocumentError,
@@ -52,7 +53,6 @@ from olmocr_tasks.progress import ProgressReporter
 from olmocr_tasks.protocol import PROMPT_VERSION, RequestBodyBuilder
 from olmocr_tasks.rendering import RenderPool
 from olmocr_tasks.results import DocumentResult, PageResult
-from olmocr_tasks.runs import SourceDocument
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.uri import is_s3
 
@@ -132,7 +132,7 @@ class ConversionEngine:
         self._ledger = ledger
         # Accepted pages are saved beside the ledger's state as they complete, so a document whose
         # process dies resumes with its missing pages only.
-        self._page_store = PageStore(ledger.storage, ledger.state_uri) if ledger is not None else None
+        self._page_store = PageStore(ledger.storage, ledger.state) if ledger is not None else None
         self._progress = progress
         self._reprocess = reprocess
         self._task_context = task_context

@@ -2,7 +2,7 @@
 
 Three questions, three kinds of object, all partitioned by a *conversion key* (model, prompt
 version, render settings) so that a new model starts from a clean slate while the old state stays
-readable::
+readable (keys named by ``olmocr_tasks.layout``)::
 
     _state/<conv>/sources/<source-id>/<fingerprint>.done             converted (JSON: outputs, sha256)
     _state/<conv>/sources/<source-id>/<fingerprint>.failed.<run>     one failed run (JSON: error)
@@ -37,22 +37,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from olmocr_tasks.manifest import utc_now
+from olmocr_tasks.clock import utc_now
+from olmocr_tasks.layout import LAYOUT_VERSION, OutputLocation, checked_sha256
+from olmocr_tasks.outputs import outputs_hold
 from olmocr_tasks.storage import ObjectInfo, Storage
-from olmocr_tasks.uri import is_s3, join_uri, local_path
+from olmocr_tasks.uri import is_s3, local_path
 
-STATE_DIR = "_state"
-SOURCES_DIR = "sources"
-CONTENT_DIR = "content"
-# Version of the state layout, part of every conversion key: a layout change starts a new partition.
-LAYOUT_VERSION = 1
 MAX_ERROR_CHARS = 2000
 
 Status = Literal["new", "done"] | tuple[Literal["failed"], int]
 
 _DONE = -1
-_MARKER = re.compile(r"^(?P<fp>[0-9a-f]{16})\.(?:(?P<done>done)|failed\.(?P<run>[0-9a-f]{12}))$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def conversion_key(
@@ -186,8 +181,8 @@ class Ledger:
         self.output_uri = output_uri
         self.storage = storage
         self.conversion_key = conversion_key
-        self.state_uri = join_uri(output_uri, STATE_DIR, conversion_key)
-        self._sources_uri = join_uri(self.state_uri, SOURCES_DIR)
+        # The keys of this conversion key's state (``olmocr_tasks.layout``), shared with pages and claims.
+        self.state = OutputLocation(output_uri).state(conversion_key)
         self._description = dict(description) if description else None
         # Failure markers read by this instance (they never change once written).
         self._markers_read: dict[str, dict[str, Any] | None] = {}
@@ -199,15 +194,13 @@ class Ledger:
         versions: dict[str, int] = {}
         failure_markers: dict[str, str] = {}
         marker_times: dict[str, datetime] = {}
-        prefix_length = len(self._sources_uri.rstrip("/")) + 1
-        for info in self.storage.list_objects(self._sources_uri):
-            source_part, _, name = info.uri[prefix_length:].partition("/")
-            match = _MARKER.match(name)
-            if not match or "/" in name:
+        for info in self.storage.list_objects(self.state.sources_uri):
+            marker = self.state.marker(info.uri)
+            if marker is None:
                 continue  # not ours (or a future layout): ignore rather than guess
-            key = f"{source_part}/{match['fp']}"
+            key = f"{marker.source_id}/{marker.fingerprint}"
             current = versions.get(key, 0)
-            if match["done"]:
+            if marker.done:
                 versions[key] = _DONE
             else:
                 # The latest marker: its run's time decides when the version may be tried again.
@@ -233,7 +226,8 @@ class Ledger:
         skip = {source_id(uri) for uri in known}
         found: list[ObjectInfo] = []
         for uri, failures in snapshot.failure_markers().items():
-            if not failed_runs(failures) or uri.rsplit("/", 2)[-2] in skip:
+            marker = self.state.marker(uri)
+            if not failed_runs(failures) or marker is None or marker.source_id in skip:
                 continue
             data = self._read_marker(uri)
             if data is None:
@@ -297,9 +291,7 @@ class Ledger:
         With ``verify_outputs`` the recorded Dolma output must exist and still carry this SHA-256
         (its key may since have been overwritten by a changed source of the same name).
         """
-        if not _HEX64.match(sha256):
-            raise ValueError(f"not a hex SHA-256: {sha256!r}")
-        raw = self.storage.read_bytes_or_none(self._content_uri(sha256))
+        raw = self.storage.read_bytes_or_none(self.state.content(checked_sha256(sha256)))
         if raw is None:
             return None
         try:
@@ -315,15 +307,18 @@ class Ledger:
             return None  # a damaged record only costs a reconversion
         if record.sha256 != sha256:
             return None
-        if verify_outputs and not self._outputs_hold(record):
+        if verify_outputs and not outputs_hold(self.storage, record.outputs, sha256):
             return None
         return record
 
     def last_failure(self, info: ObjectInfo) -> FailureRecord | None:
         """The most recent failure of this object version (for dead-letter reports)."""
-        folder = join_uri(self._sources_uri, source_id(info.uri))
-        wanted = fingerprint(info) + ".failed."
-        markers = [item for item in self.storage.list_objects(folder) if item.uri.rsplit("/", 1)[-1].startswith(wanted)]
+        wanted = fingerprint(info)
+        markers = [
+            item
+            for item in self.storage.list_objects(self.state.source_folder(source_id(info.uri)))
+            if (marker := self.state.marker(item.uri)) and marker.fingerprint == wanted and not marker.done
+        ]
         if not markers:
             return None
         latest = max(markers, key=lambda item: (item.last_modified, item.uri))
@@ -367,12 +362,13 @@ class Ledger:
             payload["duplicate_of"] = duplicate_of
         # The content record first: if we die between the two writes, the next run sees "new",
         # downloads, finds the content record and skips the conversion anyway.
-        content_uri = self._content_uri(sha256)
+        content_uri = self.state.content(sha256)
         if not self.storage.exists(content_uri):
             # First writer wins in spirit; a concurrent overwrite names an equally valid conversion.
             content = {"sha256": sha256, "source": info.uri, "outputs": dict(outputs), "run_id": run_id, "at": now}
             self.storage.write_bytes_atomic(content_uri, _json(content), content_type="application/json")
-        self.storage.write_bytes_atomic(self._marker_uri(info, "done"), _json(payload), content_type="application/json")
+        done_uri = self.state.done_marker(source_id(info.uri), fingerprint(info))
+        self.storage.write_bytes_atomic(done_uri, _json(payload), content_type="application/json")
 
     def mark_failed(
         self, info: ObjectInfo, error_class: str, error: str, run_id: str, *, run_time: datetime | None = None
@@ -393,57 +389,33 @@ class Ledger:
         }
         if run_time is not None:
             payload["run_time"] = run_time.isoformat()
-        self.storage.write_bytes_atomic(
-            self._marker_uri(info, "failed." + _run_token(run_id)), _json(payload), content_type="application/json"
-        )
+        marker_uri = self.state.failure_marker(source_id(info.uri), fingerprint(info), _run_token(run_id))
+        self.storage.write_bytes_atomic(marker_uri, _json(payload), content_type="application/json")
         # Count from storage, not from memory: other runs may have failed it meanwhile.
         return max(1, self.failure_count(info))
 
     # ----------------------------------------------------------------------------- internals
 
     def _source_snapshot(self, info: ObjectInfo) -> LedgerSnapshot:
-        folder = join_uri(self._sources_uri, source_id(info.uri))
         wanted = fingerprint(info)
         versions: dict[str, int] = {}
         key = _version_key(info)
-        for item in self.storage.list_objects(folder):
-            match = _MARKER.match(item.uri.rsplit("/", 1)[-1])
-            if not match or match["fp"] != wanted:
+        for item in self.storage.list_objects(self.state.source_folder(source_id(info.uri))):
+            marker = self.state.marker(item.uri)
+            if marker is None or marker.fingerprint != wanted:
                 continue
-            if match["done"]:
+            if marker.done:
                 versions[key] = _DONE
             elif versions.get(key, 0) != _DONE:
                 versions[key] = versions.get(key, 0) + 1
         return LedgerSnapshot(versions)
-
-    def _marker_uri(self, info: ObjectInfo, suffix: str) -> str:
-        return join_uri(self._sources_uri, source_id(info.uri), f"{fingerprint(info)}.{suffix}")
-
-    def _content_uri(self, sha256: str) -> str:
-        return join_uri(self.state_uri, CONTENT_DIR, f"{sha256}.json")
-
-    def _outputs_hold(self, record: ContentRecord) -> bool:
-        dolma = record.outputs.get("dolma")
-        if dolma is None:
-            return bool(record.outputs) and all(self.storage.exists(uri) for uri in record.outputs.values())
-        raw = self.storage.read_bytes_or_none(dolma)
-        if raw is None:
-            return False
-        try:
-            metadata = json.loads(raw.splitlines()[0])["metadata"]
-        except (ValueError, KeyError, TypeError, IndexError):
-            return False
-        if metadata.get("source-sha256") != record.sha256:
-            return False
-        others = [uri for name, uri in record.outputs.items() if name != "dolma"]
-        return all(self.storage.exists(uri) for uri in others)
 
     def _describe(self) -> None:
         # Written once per Ledger so a human browsing _state/ can tell what a key stands for.
         if self._description is None:
             return
         description, self._description = self._description, None
-        uri = join_uri(self.state_uri, "conversion.json")
+        uri = self.state.description
         if not self.storage.exists(uri):
             body = {"conversion_key": self.conversion_key, "layout": LAYOUT_VERSION, **description}
             self.storage.write_bytes_atomic(uri, _json(body), content_type="application/json")

@@ -17,7 +17,6 @@ import dataclasses
 import gzip
 import io
 import json
-import re
 import secrets
 import statistics
 from array import array
@@ -28,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from olmocr_tasks.gpu_busy import GpuBusy
+from olmocr_tasks.layout import OutputLocation, shard_path, shards_folder
 from olmocr_tasks.manifest_overview import OverviewFolder
 from olmocr_tasks.results import DocumentTotals
 from olmocr_tasks.storage import Storage
@@ -37,18 +37,16 @@ from olmocr_tasks.storage import Storage
 # 3: entries in shards named by ``entries`` (no inline ``documents``/``dead_letters``), ``error_classes``.
 # Versions 1 and 2 still read (the new fields take their defaults).
 SCHEMA_VERSION = 3
-MANIFESTS_DIR = "manifests"
 # Entries per shard: a shard of one-page documents is about 1.5 MB compressed, and a run of a million
 # documents names 100 shards (about 10 KB of the summary).
 SHARD_ENTRIES = 10_000
 DOCUMENTS_KIND = "documents"
 DEAD_LETTERS_KIND = "dead_letters"
+# The file names of each kind's shards (``layout.shard_path``).
 _SHARD_NAMES = {DOCUMENTS_KIND: "documents", DEAD_LETTERS_KIND: "dead-letters"}
-SHARD_SUFFIX = ".jsonl.gz"
 
 Status = Literal["converted", "failed", "skipped"]
 
-_RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 # The error class of a planned document whose batch never reported it.
 NOT_CONVERTED = "not_converted"
 # Skip reasons of documents a run left for later: another run held its claim, or it failed recently
@@ -62,23 +60,9 @@ COST_BASIS_METRICS = "vllm_metrics_busy"
 COST_BASIS_WALL_CLOCK = "wall_clock"
 
 
-def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def safe_run_id(run_id: str) -> str:
-    """Run ids become object keys: keep them to a portable character set (Airflow's contain ':')."""
-    cleaned = _RUN_ID_UNSAFE.sub("_", run_id).strip("._")
-    return cleaned[:200] or "run"
-
-
 def manifest_uri(output_uri: str, run_id: str) -> str:
-    return f"{output_uri.rstrip('/')}/{MANIFESTS_DIR}/{safe_run_id(run_id)}.json"
-
-
-def shards_prefix_uri(summary_uri: str) -> str:
-    """The folder of a run's shards: next to its summary, named like it (``manifests/<run-id>/``)."""
-    return summary_uri.removesuffix(".json") + "/"
+    """Where the summary of ``run_id``'s manifest is (or will be) under ``output_uri``."""
+    return OutputLocation(output_uri).manifest(run_id)
 
 
 @dataclass
@@ -468,7 +452,7 @@ class _ShardStream:
             return
         self._gzip.close()
         data = self._buffer.getvalue()
-        name = f"{self.writer.publish_id}/{_SHARD_NAMES[self.kind]}-{len(self.shards):05d}{SHARD_SUFFIX}"
+        name = shard_path(self.writer.publish_id, _SHARD_NAMES[self.kind], len(self.shards))
         self.writer.storage.write_bytes_atomic(self.writer.shards_uri + name, data, content_type="application/gzip")
         statuses = dict(sorted(self._statuses.items()))
         self.shards.append({"path": name, "entries": self._open_entries, "bytes": len(data), "statuses": statuses})
@@ -492,7 +476,7 @@ class ManifestWriter:
         self.storage = storage
         self.shard_entries = shard_entries
         self.summary_uri = manifest_uri(output_uri, run_id)
-        self.shards_uri = shards_prefix_uri(self.summary_uri)
+        self.shards_uri = shards_folder(self.summary_uri)
         # A fresh folder per publish: republishing a run (a retried or cleared publish task) never
         # rewrites a shard that the summary already published names.
         self.publish_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)

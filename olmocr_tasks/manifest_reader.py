@@ -20,13 +20,13 @@ from functools import cached_property
 from typing import Any
 
 from olmocr_tasks.failure_report import error_class_counts
+from olmocr_tasks.layout import shards_folder
 from olmocr_tasks.manifest import (
     DEAD_LETTERS_KIND,
     DOCUMENTS_KIND,
     DocumentEntry,
     Manifest,
     manifest_uri,
-    shards_prefix_uri,
 )
 from olmocr_tasks.storage import Storage
 
@@ -110,7 +110,7 @@ class ManifestReader:
     def _shards(self, kind: str | None) -> list[tuple[str, str, int]]:
         if self._inline is not None:
             return []
-        base = shards_prefix_uri(self.uri)
+        base = shards_folder(self.uri)
         found = []
         for each in (kind,) if kind else _INLINE:
             for shard in (self.summary["entries"].get(each) or {}).get("shards") or []:

@@ -1,6 +1,6 @@
 """Per-document outputs: olmOCR's Dolma JSONL record and the markdown file, at deterministic keys.
 
-Layout under the output prefix (the same on local disk and S3)::
+Layout under the output prefix (the same on local disk and S3; keys named by ``olmocr_tasks.layout``)::
 
     OUTPUT/dolma/<stem>.jsonl                       one Dolma record (one line)
     OUTPUT/markdown/<stem>.md                       exactly the record's text
@@ -24,19 +24,18 @@ import json
 import logging
 import re
 import unicodedata
+from collections.abc import Mapping
 from datetime import date
 from typing import Any
 
 from olmocr_tasks.errors import DocumentError
+from olmocr_tasks.layout import OutputLocation
 from olmocr_tasks.results import DocumentResult
 from olmocr_tasks.storage import Storage
-from olmocr_tasks.uri import is_s3, join_uri, local_path, safe_join, safe_relative_key, split_s3
+from olmocr_tasks.uri import is_s3, local_path, safe_relative_key, split_s3
 
 log = logging.getLogger(__name__)
 
-DOLMA_DIR = "dolma"
-MARKDOWN_DIR = "markdown"
-OWNERS_DIR = "_state/output-owners"
 # The olmOCR release whose page protocol and record schema we reproduce; written where olmOCR
 # writes its own version so readers of olmOCR output find the field they expect.
 OLMOCR_COMPAT_VERSION = "0.4.27"
@@ -113,10 +112,7 @@ def claim_stem(storage: Storage, output_uri: str, stem: str, source_uri: str) ->
 
 def _owner(storage: Storage, output_uri: str, stem: str, claimant: str) -> str:
     """Who owns ``stem`` (in any letter case), recording ``claimant`` as the owner if nobody does."""
-    folded = unicodedata.normalize("NFC", stem).casefold()
-    record_uri = join_uri(
-        output_uri, OWNERS_DIR, hashlib.sha256(folded.encode("utf-8", "surrogatepass")).hexdigest() + ".json"
-    )
+    record_uri = OutputLocation(output_uri).owner_record(unicodedata.normalize("NFC", stem).casefold())
     for _ in range(3):
         record = storage.read_bytes_or_none(record_uri)
         if record is not None:
@@ -133,10 +129,40 @@ def _writer_of(storage: Storage, dolma_uri: str) -> str | None:
     if data is None:
         return None
     try:
-        return _normalised(str(json.loads(data.splitlines()[0])["metadata"]["Source-File"]))
+        return _normalised(str(_record_metadata(data)["Source-File"]))
     except (ValueError, KeyError, IndexError, TypeError):
         # Not one of ours: never overwrite it.
         return f"an unreadable record at {dolma_uri}"
+
+
+def _record_metadata(data: bytes) -> dict[str, Any]:
+    """The ``metadata`` of the first Dolma record in ``data`` (raises on anything else)."""
+    metadata = json.loads(data.splitlines()[0])["metadata"]
+    if not isinstance(metadata, dict):
+        raise TypeError("a Dolma record's metadata is an object")
+    return metadata
+
+
+def outputs_hold(storage: Storage, outputs: Mapping[str, str], sha256: str) -> bool:
+    """Whether recorded ``outputs`` still exist and hold the conversion of the content ``sha256``.
+
+    The Dolma record must carry that SHA-256 (its key may since have been overwritten by a changed
+    source of the same name); the other outputs must exist. Without a Dolma record, every output
+    must exist (and there must be one).
+    """
+    dolma = outputs.get("dolma")
+    if dolma is None:
+        return bool(outputs) and all(storage.exists(uri) for uri in outputs.values())
+    raw = storage.read_bytes_or_none(dolma)
+    if raw is None:
+        return False
+    try:
+        metadata = _record_metadata(raw)
+    except (ValueError, KeyError, TypeError, IndexError):
+        return False
+    if metadata.get("source-sha256") != sha256:
+        return False
+    return all(storage.exists(uri) for name, uri in outputs.items() if name != "dolma")
 
 
 def dolma_record(
@@ -209,10 +235,7 @@ def dolma_line(record: dict[str, Any]) -> bytes:
 
 def output_uris(output_uri: str, stem: str) -> dict[str, str]:
     """Where a stem's outputs live (whether or not they have been written)."""
-    return {
-        "dolma": safe_join(join_uri(output_uri, DOLMA_DIR), f"{stem}.jsonl"),
-        "markdown": safe_join(join_uri(output_uri, MARKDOWN_DIR), f"{stem}.md"),
-    }
+    return OutputLocation(output_uri).outputs(stem)
 
 
 def write_document_outputs(

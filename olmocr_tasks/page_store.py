@@ -2,7 +2,7 @@
 
 A 400-page document whose task dies at page 399 would otherwise cost 400 pages again. Each accepted
 page is one small object beside the ledger's state, under the ledger's conversion key (model, prompt
-version, render settings) and the document's content hash::
+version, render settings) and the document's content hash (keys named by ``olmocr_tasks.layout``)::
 
     _state/<conv>/pages/<sha256>/<page-number>.json     one accepted page (a ``PageResult``)
 
@@ -22,47 +22,43 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 from typing import Any
 
+from olmocr_tasks.layout import ConversionState
 from olmocr_tasks.results import PageResult
 from olmocr_tasks.storage import Storage
-from olmocr_tasks.uri import join_uri
 
 log = logging.getLogger(__name__)
 
-PAGES_DIR = "pages"
 # Part of every record: a change of PageResult's fields starts over instead of misreading old pages.
 RECORD_VERSION = 1
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_RECORD_NAME = re.compile(r"^(?P<page>[0-9]{1,9})\.json$")
 _FIELDS = {field.name: field for field in dataclasses.fields(PageResult)}
 
 
 class PageStore:
-    """Saved pages of the documents of one conversion key (``state_uri`` is the ledger's ``_state/<conv>``)."""
+    """Saved pages of the documents of one conversion key (``state``: the ledger's, ``Ledger.state``)."""
 
-    def __init__(self, storage: Storage, state_uri: str) -> None:
+    def __init__(self, storage: Storage, state: ConversionState) -> None:
         self.storage = storage
-        self.pages_uri = join_uri(state_uri, PAGES_DIR)
+        self.state = state
 
     def save(self, sha256: str, page: PageResult) -> None:
         """Record one accepted page of the document with content ``sha256``."""
         record = {"version": RECORD_VERSION, "sha256": sha256, "page": dataclasses.asdict(page)}
         # ASCII-escaped JSON keeps lone surrogates a model may answer with, and reads back identically.
         body = json.dumps(record, separators=(",", ":")).encode("ascii")
-        self.storage.write_bytes_atomic(self._record_uri(sha256, page.page_number), body)
+        self.storage.write_bytes_atomic(self.state.page(sha256, page.page_number), body)
 
     def load(self, sha256: str, page_count: int) -> dict[int, PageResult]:
         """The saved pages of the document in page order, by 1-based page number (up to ``page_count``)."""
         found: dict[int, PageResult] = {}
-        for info in self.storage.list_objects(self._document_uri(sha256)):
-            match = _RECORD_NAME.match(info.uri.rsplit("/", 1)[-1])
-            if match is None or not 1 <= int(match["page"]) <= page_count:
+        for info in self.storage.list_objects(self.state.pages_of(sha256)):
+            number = self.state.page_number(info.uri)
+            if number is None or not 1 <= number <= page_count:
                 continue
             raw = self.storage.read_bytes_or_none(info.uri)
-            page = _page_from_record(raw, sha256, int(match["page"])) if raw is not None else None
+            page = _page_from_record(raw, sha256, number) if raw is not None else None
             if page is not None:
                 found[page.page_number] = page
         return dict(sorted(found.items()))
@@ -70,20 +66,10 @@ class PageStore:
     def discard(self, sha256: str) -> int:
         """Remove every saved page of the document (its outputs are committed); returns how many."""
         removed = 0
-        for info in list(self.storage.list_objects(self._document_uri(sha256))):
+        for info in list(self.storage.list_objects(self.state.pages_of(sha256))):
             self.storage.delete(info.uri)
             removed += 1
         return removed
-
-    def _document_uri(self, sha256: str) -> str:
-        if not _HEX64.match(sha256):
-            raise ValueError(f"not a hex SHA-256: {sha256!r}")
-        return join_uri(self.pages_uri, sha256)
-
-    def _record_uri(self, sha256: str, page_number: int) -> str:
-        if page_number < 1:
-            raise ValueError(f"page numbers start at 1, got {page_number}")
-        return join_uri(self._document_uri(sha256), f"{page_number:05d}.json")
 
 
 def _page_from_record(raw: bytes, sha256: str, page_number: int) -> PageResult | None:

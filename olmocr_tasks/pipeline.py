@@ -22,9 +22,11 @@ from typing import Any, TextIO
 
 from olmocr_tasks import __version__
 from olmocr_tasks.claims import ClaimBook, ClaimHolder
+from olmocr_tasks.clock import utc_now
 from olmocr_tasks.config import ConversionSettings
 from olmocr_tasks.conversion import ConversionEngine
 from olmocr_tasks.discovery import MissingSource, iter_pdfs, resolve_explicit
+from olmocr_tasks.documents import SourceDocument
 from olmocr_tasks.errors import ServerMisconfigured
 from olmocr_tasks.gpu_busy import NOTHING_SENT, GpuBusy, total_gpu_busy
 from olmocr_tasks.ledger import Ledger, LedgerSnapshot, conversion_key, fingerprint
@@ -37,14 +39,13 @@ from olmocr_tasks.manifest import (
     ManifestWriter,
     count_entries,
     manifest_uri,
-    utc_now,
     write_manifest,
 )
 from olmocr_tasks.manifest_reader import ManifestReader
 from olmocr_tasks.outputs import output_stem
 from olmocr_tasks.progress import ProgressCounters, ProgressReporter
 from olmocr_tasks.protocol import PROMPT_VERSION
-from olmocr_tasks.runs import SINGLE_PLAN, RunFolder, RunPlan, SourceDocument
+from olmocr_tasks.runs import SINGLE_PLAN, RunFolder, RunPlan
 from olmocr_tasks.storage import REQUEST_KINDS, ObjectInfo, Storage
 from olmocr_tasks.uri import is_s3, local_path
 
@@ -372,7 +373,7 @@ def convert_batch(
     finished = attempt.start()
     claims = ClaimBook(
         storage,
-        Ledger(request.output_uri, storage, request.conversion_key).state_uri,
+        Ledger(request.output_uri, storage, request.conversion_key).state,
         ClaimHolder(request.run_id, folder.plan_id, batch_key, attempt.try_number, request.run_time),
         request.claim_expiry,
         # A run naming its documents was asked for exactly these: a cool-down is for re-drive.

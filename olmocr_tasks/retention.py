@@ -31,19 +31,14 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from olmocr_tasks.claims import CLAIMS_DIR, stale_claims
+from olmocr_tasks.claims import stale_claims
 from olmocr_tasks.errors import StorageError, UnreadableSourceError
-from olmocr_tasks.ledger import CONTENT_DIR, SOURCES_DIR, STATE_DIR
-from olmocr_tasks.manifest import MANIFESTS_DIR
+from olmocr_tasks.layout import OutputLocation
 from olmocr_tasks.manifest_reader import ManifestFormatError, ManifestReader
-from olmocr_tasks.page_store import PAGES_DIR
-from olmocr_tasks.runs import RUNS_DIR
 from olmocr_tasks.storage import ObjectInfo, Storage
-from olmocr_tasks.uri import join_uri
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +80,11 @@ def clean_output(
     now = now or datetime.now(UTC)
     cutoff = now - older_than
     report = RetentionReport(dry_run=dry_run)
+    location = OutputLocation(output_uri)
     doomed: list[ObjectInfo] = []
-    doomed += _finished_run_folders(output_uri, storage, cutoff, report)
-    doomed += _obsolete_state(output_uri, storage, now, cutoff, report)
-    doomed += _unnamed_manifest_shards(output_uri, storage, cutoff, report)
+    doomed += _finished_run_folders(location, storage, cutoff, report)
+    doomed += _obsolete_state(location, storage, now, cutoff, report)
+    doomed += _unnamed_manifest_shards(location, storage, cutoff, report)
     report.objects = len(doomed)
     if not dry_run:
         for info in doomed:
@@ -97,34 +93,27 @@ def clean_output(
     return report
 
 
-def _children(prefix_uri: str, storage: Storage) -> Iterable[tuple[list[str], ObjectInfo]]:
-    """Every object below ``prefix_uri`` with its key split into path components below the prefix."""
-    base = prefix_uri.rstrip("/") + "/"
-    for info in storage.list_objects(prefix_uri):
-        if info.uri.startswith(base):
-            yield info.uri[len(base) :].split("/"), info
-
-
 def _objects_by_folder(prefix_uri: str, storage: Storage) -> dict[str, list[ObjectInfo]]:
     """The objects inside each folder directly below ``prefix_uri`` (objects at its top level left out)."""
+    base = prefix_uri.rstrip("/") + "/"
     folders: dict[str, list[ObjectInfo]] = defaultdict(list)
-    for parts, info in _children(prefix_uri, storage):
-        if len(parts) > 1:
-            folders[parts[0]].append(info)
+    for info in storage.list_objects(prefix_uri):
+        folder, slash, _ = info.uri.removeprefix(base).partition("/")
+        if info.uri.startswith(base) and slash:
+            folders[folder].append(info)
     return folders
 
 
 def _finished_run_folders(
-    output_uri: str, storage: Storage, cutoff: datetime, report: RetentionReport
+    location: OutputLocation, storage: Storage, cutoff: datetime, report: RetentionReport
 ) -> list[ObjectInfo]:
-    runs_uri = join_uri(output_uri, RUNS_DIR)
-    folders = _objects_by_folder(runs_uri, storage)
+    folders = _objects_by_folder(location.runs_uri, storage)
     doomed: list[ObjectInfo] = []
-    for name, objects in sorted(folders.items()):
-        folder_uri = join_uri(runs_uri, name)
+    for run_key, objects in sorted(folders.items()):
+        folder_uri = location.run_folder(run_key)
         newest = max(info.last_modified for info in objects)
-        # The folder is named like the manifest (both use safe_run_id of the run id).
-        manifest = storage.stat(join_uri(output_uri, MANIFESTS_DIR, f"{name}.json"))
+        # A run folder and its run's manifest share the run key.
+        manifest = storage.stat(location.summary(run_key))
         if manifest is None:
             report.kept_runs[folder_uri] = "no published manifest (running, failed before publishing, or abandoned)"
         elif newest > manifest.last_modified:
@@ -138,13 +127,12 @@ def _finished_run_folders(
 
 
 def _unnamed_manifest_shards(
-    output_uri: str, storage: Storage, cutoff: datetime, report: RetentionReport
+    location: OutputLocation, storage: Storage, cutoff: datetime, report: RetentionReport
 ) -> list[ObjectInfo]:
-    manifests_uri = join_uri(output_uri, MANIFESTS_DIR)
-    shards = _objects_by_folder(manifests_uri, storage)
+    shards = _objects_by_folder(location.manifests_uri, storage)
     doomed: list[ObjectInfo] = []
-    for name, objects in sorted(shards.items()):
-        summary_uri = join_uri(manifests_uri, f"{name}.json")
+    for run_key, objects in sorted(shards.items()):
+        summary_uri = location.summary(run_key)
         try:
             raw = storage.read_bytes_or_none(summary_uri)
             named = set() if raw is None else set(ManifestReader.from_bytes(storage, summary_uri, raw).shard_uris())
@@ -158,26 +146,28 @@ def _unnamed_manifest_shards(
 
 
 def _obsolete_state(
-    output_uri: str, storage: Storage, now: datetime, cutoff: datetime, report: RetentionReport
+    location: OutputLocation, storage: Storage, now: datetime, cutoff: datetime, report: RetentionReport
 ) -> list[ObjectInfo]:
-    done: set[tuple[str, str, str]] = set()
+    # Versions (conversion key, source version) with a done marker, content (key, SHA-256) converted.
+    done: set[tuple[str, str]] = set()
     converted: set[tuple[str, str]] = set()
-    failures: list[tuple[tuple[str, str, str], ObjectInfo]] = []
+    failures: list[tuple[tuple[str, str], ObjectInfo]] = []
     pages: list[tuple[tuple[str, str], ObjectInfo]] = []
     claims: list[ObjectInfo] = []
-    for parts, info in _children(join_uri(output_uri, STATE_DIR), storage):
-        if len(parts) == 4 and parts[1] == SOURCES_DIR:
-            conv, _, source, name = parts
-            version, _, status = name.partition(".")
-            if status == "done":
-                done.add((conv, source, version))
-            elif status.startswith("failed."):
-                failures.append(((conv, source, version), info))
-        elif len(parts) == 3 and parts[1] == CONTENT_DIR and parts[2].endswith(".json"):
-            converted.add((parts[0], parts[2].removesuffix(".json")))
-        elif len(parts) == 4 and parts[1] == PAGES_DIR:
-            pages.append(((parts[0], parts[2]), info))
-        elif len(parts) == 4 and parts[1] == CLAIMS_DIR:
+    for info in storage.list_objects(location.state_uri):
+        key = location.state_key(info.uri)
+        if key is None:
+            continue
+        subject = (key.conversion_key, key.subject)
+        if key.kind == "done":
+            done.add(subject)
+        elif key.kind == "failed":
+            failures.append((subject, info))
+        elif key.kind == "content":
+            converted.add(subject)
+        elif key.kind == "page":
+            pages.append((subject, info))
+        else:
             claims.append(info)
     doomed = [info for version, info in failures if version in done and info.last_modified < cutoff]
     report.failure_markers = len(doomed)

@@ -1,6 +1,6 @@
 """The run folder ``OUTPUT/_runs/<run>/``: what a run plans and what its batches report, and nothing else.
 
-Layout (only this module builds these keys)::
+Layout (keys named by ``olmocr_tasks.layout``; only this module reads and writes them)::
 
     _runs/<run>/<plan>/plan.json                         the plan: sources, unavailable, dead letters
     _runs/<run>/<plan>/batches/<batch>.json              the sources of one batch
@@ -27,77 +27,30 @@ them as unmeasured, since what the dead attempt spent is unknown.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import secrets
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
+from olmocr_tasks.clock import utc_now
+from olmocr_tasks.documents import SourceDocument
 from olmocr_tasks.gpu_busy import NOTHING_SENT, GpuBusy, total_gpu_busy
-from olmocr_tasks.manifest import LEFT_FOR_LATER, DocumentEntry, safe_run_id, utc_now
-from olmocr_tasks.storage import ObjectInfo, Storage
-from olmocr_tasks.uri import join_uri
+from olmocr_tasks.layout import OutputLocation, PlanFolder, plan_of_batch, safe_run_id
+from olmocr_tasks.manifest import LEFT_FOR_LATER, DocumentEntry
+from olmocr_tasks.storage import Storage
 
-RUNS_DIR = "_runs"
-PLAN_FILE = "plan.json"
-BATCHES_DIR = "batches"
-ATTEMPTS_DIR = "attempts"
-ENTRIES_DIR = "entries"
-PART_FILE = "part.json"
-STARTED_FILE = "started"
 # The plan id of runs that plan once in one process (the CLI): a rerun with the same run id resumes it.
 SINGLE_PLAN = "plan"
 
 _PLAN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_TRY = re.compile(r"^try-(\d+)$")
 
 
 def new_plan_id(label: str = "p") -> str:
     """A plan id no earlier planning of the same run can have used (``label`` makes it readable)."""
     return f"{label}-{secrets.token_hex(4)}"
-
-
-# Slots: a run plans one of these per document and holds them all while it converts (no ``__dict__``).
-@dataclass(frozen=True, slots=True)
-class SourceDocument:
-    """A PDF to convert: where it is, what the listing said about it, and where its outputs go."""
-
-    info: ObjectInfo
-    stem: str
-    # Planned because its last outcome was a failure (re-drive), not as new work.
-    redriven: bool = False
-
-    @property
-    def uri(self) -> str:
-        return self.info.uri
-
-    def to_dict(self) -> dict[str, Any]:
-        info = self.info
-        data: dict[str, Any] = {
-            "uri": info.uri,
-            "size": info.size,
-            "etag": info.etag,
-            "last_modified": info.last_modified.isoformat() if info.last_modified else None,
-            "stem": self.stem,
-        }
-        if self.redriven:
-            data["redriven"] = True
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SourceDocument:
-        modified = data.get("last_modified")
-        info = ObjectInfo(
-            uri=data["uri"],
-            size=data.get("size"),
-            etag=data.get("etag"),
-            last_modified=datetime.fromisoformat(modified) if modified else None,
-        )
-        return cls(info=info, stem=data["stem"], redriven=bool(data.get("redriven", False)))
 
 
 @dataclass
@@ -177,21 +130,23 @@ class RunFolder:
             raise ValueError(f"not a plan id: {plan_id!r}")
         self.storage = storage
         self.plan_id = plan_id
-        self.run_uri = join_uri(output_uri, RUNS_DIR, safe_run_id(run_id))
-        self.uri = join_uri(self.run_uri, plan_id)
+        location = OutputLocation(output_uri)
+        self.run_uri = location.run_folder(safe_run_id(run_id))
+        self.keys = location.plan(run_id, plan_id)
+        self.uri = self.keys.uri
 
     # ---------------------------------------------------------------------------------- plan
 
     def write_plan(self, plan: RunPlan) -> str:
-        uri = join_uri(self.uri, PLAN_FILE)
+        uri = self.keys.plan
         self.storage.write_bytes_atomic(uri, plan.to_json())
         return uri
 
     def read_plan(self) -> RunPlan:
-        return RunPlan.from_dict(json.loads(self.storage.read_bytes(join_uri(self.uri, PLAN_FILE))))
+        return RunPlan.from_dict(json.loads(self.storage.read_bytes(self.keys.plan)))
 
     def read_plan_or_none(self) -> RunPlan | None:
-        raw = self.storage.read_bytes_or_none(join_uri(self.uri, PLAN_FILE))
+        raw = self.storage.read_bytes_or_none(self.keys.plan)
         return None if raw is None else RunPlan.from_dict(json.loads(raw))
 
     def earlier_batch_count(self) -> int:
@@ -203,8 +158,9 @@ class RunFolder:
         """
         counts: Counter[str] = Counter()
         for info in self.storage.list_objects(self.run_uri + "/"):
-            if f"/{BATCHES_DIR}/" in info.uri:
-                counts[info.uri.rsplit(f"/{BATCHES_DIR}/", 1)[0]] += 1
+            plan = plan_of_batch(info.uri)
+            if plan is not None:
+                counts[plan] += 1
         return max(counts.values(), default=0)
 
     def clear_earlier_attempt(self) -> None:
@@ -225,7 +181,7 @@ class RunFolder:
         return [SourceDocument.from_dict(item) for item in raw]
 
     def _batch_uri(self, batch_key: str) -> str:
-        return join_uri(self.uri, BATCHES_DIR, f"{_checked_key(batch_key)}.json")
+        return self.keys.batch(_checked_key(batch_key))
 
     # ------------------------------------------------------------------------------ attempts
 
@@ -273,17 +229,14 @@ class RunFolder:
         """
         found: dict[str, dict[int, list[str]]] = {}
         started: set[tuple[str, int]] = set()
-        base = join_uri(self.uri, ATTEMPTS_DIR) + "/"
-        listed = base if batch_key is None else join_uri(base, batch_key) + "/"
-        for info in self.storage.list_objects(listed):
-            batch, _, rest = info.uri[len(base) :].partition("/")
-            try_part, _, name = rest.partition("/")
-            match = _TRY.match(try_part)
-            if not match:
+        listed = self.keys.attempts_uri if batch_key is None else self.keys.attempts_of(batch_key)
+        for info in self.storage.list_objects(listed + "/"):
+            attempt = self.keys.attempt_object(info.uri)
+            if attempt is None:
                 continue
-            number = int(match[1])
+            batch, number, rest = attempt
             found.setdefault(batch, {}).setdefault(number, []).append(info.uri)
-            if name == STARTED_FILE:
+            if PlanFolder.is_started(rest):
                 started.add((batch, number))
         return {
             batch: {number: uris for number, uris in tries.items() if (batch, number) in started}
@@ -292,7 +245,7 @@ class RunFolder:
         }
 
     def _read_attempt(self, uris: Sequence[str]) -> AttemptReport:
-        part = next((uri for uri in uris if uri.endswith("/" + PART_FILE)), None)
+        part = next((uri for uri in uris if PlanFolder.is_part(uri)), None)
         if part is not None:
             data = json.loads(self.storage.read_bytes(part))
             # Parts written before GPU-busy seconds were measured are a bare list of entries.
@@ -301,7 +254,7 @@ class RunFolder:
             return AttemptReport(
                 [DocumentEntry.from_dict(item) for item in items], GpuBusy.from_dict(gpu_busy), requests
             )
-        entry_uris = [uri for uri in uris if f"/{ENTRIES_DIR}/" in uri and uri.endswith(".json")]
+        entry_uris = [uri for uri in uris if PlanFolder.is_entry(uri)]
         entries = [DocumentEntry.from_dict(json.loads(self.storage.read_bytes(uri))) for uri in entry_uris]
         return AttemptReport(entries, None)
 
@@ -315,7 +268,7 @@ class BatchAttempt:
         self.folder = folder
         self.batch_key = batch_key
         self.try_number = try_number
-        self.uri = join_uri(folder.uri, ATTEMPTS_DIR, batch_key, f"try-{try_number:04d}")
+        self.uri = folder.keys.attempt(batch_key, try_number)
         # The GPU-busy seconds of the earlier attempts (set by ``start``); this attempt adds its own.
         self.carried_gpu_busy = NOTHING_SENT
         # The storage requests of the earlier attempts that wrote a part (set by ``start``): a lower bound
@@ -324,7 +277,7 @@ class BatchAttempt:
 
     @property
     def part_uri(self) -> str:
-        return join_uri(self.uri, PART_FILE)
+        return PlanFolder.part(self.uri)
 
     def start(self) -> dict[str, DocumentEntry]:
         """Mark the attempt started and carry forward what earlier attempts finished; returns those entries.
@@ -356,7 +309,7 @@ class BatchAttempt:
             # Like the seconds, a part's counts already include those of the parts before it.
             if report.storage_requests is not None:
                 self.carried_storage_requests = dict(report.storage_requests)
-        self.folder.storage.write_bytes_atomic(join_uri(self.uri, STARTED_FILE), b"")
+        self.folder.storage.write_bytes_atomic(PlanFolder.started(self.uri), b"")
         for entry in earlier.values():
             self.write_entry(entry)
         return earlier
@@ -369,11 +322,10 @@ class BatchAttempt:
         what the later one did, so the conversion engine records nothing more (see ``ConversionEngine``).
         """
         later = self.folder.attempt(self.batch_key, self.try_number + 1)
-        return self.folder.storage.exists(join_uri(later.uri, STARTED_FILE))
+        return self.folder.storage.exists(PlanFolder.started(later.uri))
 
     def write_entry(self, entry: DocumentEntry) -> None:
-        name = hashlib.sha1(entry.source.encode("utf-8", "surrogatepass")).hexdigest() + ".json"
-        self.folder.storage.write_bytes_atomic(join_uri(self.uri, ENTRIES_DIR, name), _json(entry.to_dict()))
+        self.folder.storage.write_bytes_atomic(PlanFolder.entry(self.uri, entry.source), _json(entry.to_dict()))
 
     def write_part(
         self,

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from olmocr_tasks.manifest import safe_run_id
+from olmocr_tasks.layout import safe_run_id
 from olmocr_tasks.manifest_reader import load_whole
 from tests.airflow_env import AirflowEnv, aws_connection, vllm_connection
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from olmocr_tasks.batching import LOW_CLASS_MIN_WAVES, BatchingRule, pack_batches
-from olmocr_tasks.runs import SourceDocument
+from olmocr_tasks.documents import SourceDocument
 from olmocr_tasks.storage import ObjectInfo
 
 PAGE = 1000  # bytes per page in these tests

@@ -16,6 +16,7 @@ from urllib.parse import unquote
 import pytest
 
 from olmocr_tasks.claims import Blocked, Claim, ClaimBook, ClaimHolder
+from olmocr_tasks.layout import ConversionState, OutputLocation
 from olmocr_tasks.ledger import Ledger
 from olmocr_tasks.pipeline import RunRequest, run_conversion
 from olmocr_tasks.retention import clean_output
@@ -38,14 +39,18 @@ class Clocks:
         self.wall += timedelta(seconds=seconds)
 
 
+# Where the claims go: a storage and one conversion key's state under an output location.
+Place = tuple[Storage, ConversionState]
+
+
 @pytest.fixture(params=["local", "s3"])
-def place(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Storage, str]:
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Place:
     """A storage and the state folder claims go under, on each backend."""
     if request.param == "local":
-        return Storage(), str(tmp_path / "out" / "_state" / "k")
+        return Storage(), OutputLocation(str(tmp_path / "out")).state("k")
     options = request.getfixturevalue("s3_storage_options")
     bucket = request.getfixturevalue("s3_bucket")
-    return Storage(options), f"s3://{bucket}/out/_state/k"
+    return Storage(options), OutputLocation(f"s3://{bucket}/out").state("k")
 
 
 def document(uri: str = "s3://in/a.pdf") -> ObjectInfo:
@@ -53,7 +58,7 @@ def document(uri: str = "s3://in/a.pdf") -> ObjectInfo:
 
 
 def book_for(
-    place: tuple[Storage, str],
+    place: Place,
     clocks: Clocks,
     run_id: str,
     *,
@@ -84,7 +89,7 @@ def blocked(result: Claim | Blocked) -> Blocked:
     return result
 
 
-def test_a_live_claim_blocks_other_runs_and_its_release_frees_the_document(place: tuple[Storage, str]) -> None:
+def test_a_live_claim_blocks_other_runs_and_its_release_frees_the_document(place: Place) -> None:
     clocks = Clocks()
     info = document()
     claim = held(book_for(place, clocks, "left").acquire(info))
@@ -98,7 +103,7 @@ def test_a_live_claim_blocks_other_runs_and_its_release_frees_the_document(place
     held(book_for(place, clocks, "right").acquire(info)).release()
 
 
-def test_renewal_keeps_a_long_conversion_claimed(place: tuple[Storage, str]) -> None:
+def test_renewal_keeps_a_long_conversion_claimed(place: Place) -> None:
     clocks = Clocks()
     info = document()
     claim = held(book_for(place, clocks, "long").acquire(info))
@@ -111,7 +116,7 @@ def test_renewal_keeps_a_long_conversion_claimed(place: tuple[Storage, str]) -> 
     assert (record["run_id"], record["attempt"]) == ("long", 1)
 
 
-def test_an_expired_claim_is_taken_over_once_and_its_late_holder_is_fenced(place: tuple[Storage, str]) -> None:
+def test_an_expired_claim_is_taken_over_once_and_its_late_holder_is_fenced(place: Place) -> None:
     clocks = Clocks()
     info = document()
     dead = held(book_for(place, clocks, "dead").acquire(info))
@@ -152,7 +157,7 @@ def test_an_expired_claim_is_taken_over_once_and_its_late_holder_is_fenced(place
     assert fresh.still_held() and place[0].stat(fresh.uri) is not None
 
 
-def test_a_later_attempt_of_the_same_batch_takes_over_at_once(place: tuple[Storage, str]) -> None:
+def test_a_later_attempt_of_the_same_batch_takes_over_at_once(place: Place) -> None:
     clocks = Clocks()
     info = document()
     first = held(book_for(place, clocks, "run", attempt=1).acquire(info))
@@ -167,7 +172,7 @@ def test_a_later_attempt_of_the_same_batch_takes_over_at_once(place: tuple[Stora
     assert not retry.still_held() and replanned.still_held()
 
 
-def test_a_failed_document_cools_down_for_runs_that_respect_it(place: tuple[Storage, str]) -> None:
+def test_a_failed_document_cools_down_for_runs_that_respect_it(place: Place) -> None:
     clocks = Clocks()
     info = document()
     hour = timedelta(hours=1)
@@ -185,7 +190,7 @@ def test_a_failed_document_cools_down_for_runs_that_respect_it(place: tuple[Stor
     held(book_for(place, clocks, "scheduled-11", run_time=T0 + hour).acquire(info)).release()
 
 
-def test_claims_are_per_document_version(place: tuple[Storage, str]) -> None:
+def test_claims_are_per_document_version(place: Place) -> None:
     clocks = Clocks()
     old = document()
     new = ObjectInfo(uri=old.uri, size=99, etag="def", last_modified=T0 + timedelta(minutes=1))
@@ -202,7 +207,7 @@ def test_an_uncontended_claim_costs_one_create_one_delete_and_small_reads_on_s3(
     storage = Storage(s3_fault_proxy.storage_options)
     book = ClaimBook(
         storage,
-        f"s3://{s3_bucket}/out/_state/k",
+        OutputLocation(f"s3://{s3_bucket}/out").state("k"),
         ClaimHolder("run", "p", "b", 1, T0),
         EXPIRY,
         clock=lambda: clocks.wall,
@@ -218,14 +223,14 @@ def test_an_uncontended_claim_costs_one_create_one_delete_and_small_reads_on_s3(
     assert sum(request.method == "GET" for request in requests) == 3, requests
 
 
-def test_retention_removes_claims_no_run_holds_and_never_a_live_one(place: tuple[Storage, str]) -> None:
+def test_retention_removes_claims_no_run_holds_and_never_a_live_one(place: Place) -> None:
     """``clean`` removes what dead runs and take-overs leave behind; live and cooling-down claims stay.
 
     The claims' clock runs a month ahead of the storage's, so retention sees the objects as old
     (LastModified is the storage's) while the clock decides which claims are live.
     """
     storage, state = place
-    output = state.rsplit("/_state/", 1)[0]
+    output = state.uri.rsplit("/_state/", 1)[0]
     clocks = Clocks()
     clocks.wall = datetime.now(UTC) + timedelta(days=30)
     docs = {name: document(f"s3://in/{name}.pdf") for name in ("dead", "taken", "held", "live", "cool")}
@@ -234,7 +239,7 @@ def test_retention_removes_claims_no_run_holds_and_never_a_live_one(place: tuple
         return book_for(place, clocks, run_id).acquire(docs[name])
 
     def left() -> set[str]:
-        return {info.uri for info in storage.list_objects(f"{state}/claims")}
+        return {info.uri for info in storage.list_objects(f"{state.uri}/claims")}
 
     held(claim("dead", "dead"))  # its holder dies: never renewed, never released
     frozen = held(claim("frozen", "taken"))  # its holder freezes and is taken over
@@ -289,7 +294,7 @@ def test_what_claims_cost_per_document_in_a_counted_run_on_s3(
     # One more document is held by another run that is converting it: this run leaves it for later.
     taken = inbox / "taken.pdf"
     pdfgen.write_pdf(taken, pdfgen.text_pdf(1, doc_id=180 + docs))
-    state = Ledger(output, storage, request.conversion_key).state_uri
+    state = Ledger(output, storage, request.conversion_key).state
     other = ClaimBook(storage, state, ClaimHolder("other", "p", "b", 1, T0), 600.0)
     other_claim = held(other.acquire(Storage().stat(str(taken))))
     taken_claim = unquote(other_claim.uri.split("/counted/", 1)[1])

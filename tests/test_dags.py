@@ -27,7 +27,7 @@ from typing import Any
 import boto3
 import pytest
 
-from olmocr_tasks.manifest import safe_run_id
+from olmocr_tasks.layout import safe_run_id
 from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.storage import Storage
 from tests.airflow_env import REPO_ROOT, AirflowEnv, DagTestResult, base_env

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from olmocr_tasks.manifest import safe_run_id
+from olmocr_tasks.layout import OutputLocation, safe_run_id
 from olmocr_tasks.pipeline import RunRequest, plan_run, run_conversion
-from olmocr_tasks.runs import RUNS_DIR, RunFolder
+from olmocr_tasks.runs import RunFolder
 from olmocr_tasks.storage import Storage
 from tests.airflow_env import AirflowEnv
 from tests.pdfgen import text_pdf
@@ -47,7 +47,9 @@ def test_maintenance_removes_an_old_published_run_folder_and_keeps_an_unpublishe
     old = time.time() - timedelta(days=40).total_seconds()
     for path in output.rglob("*"):
         os.utime(path, (old, old), follow_symlinks=False)
-    published, unpublished = (output / RUNS_DIR / safe_run_id(name) for name in ("published", "unpublished"))
+    published, unpublished = (
+        Path(OutputLocation(str(output)).run_folder(safe_run_id(name))) for name in ("published", "unpublished")
+    )
     assert _files(published) and _files(unpublished)
     before = _files(output)
 

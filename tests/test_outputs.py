@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from olmocr_tasks.manifest import safe_run_id
+from olmocr_tasks.layout import safe_run_id
 from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.outputs import (
     OLMOCR_COMPAT_VERSION,

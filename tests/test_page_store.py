@@ -42,7 +42,7 @@ def _page(number: int, text: str | None = None, **changes: Any) -> PageResult:
 
 def _store(root: str, storage: Storage | None = None) -> PageStore:
     ledger = Ledger(root, storage or Storage(), conversion_key("model", "prompt", 1288))
-    return PageStore(ledger.storage, ledger.state_uri)
+    return PageStore(ledger.storage, ledger.state)
 
 
 def test_saved_pages_read_back_identically_and_assemble_the_same_document(tmp_path: Path) -> None:
@@ -69,7 +69,7 @@ def test_records_live_beside_the_ledger_state_under_the_conversion_key(tmp_path:
     assert record.relative_to(tmp_path).as_posix() == f"_state/{conv}/pages/{SHA}/00002.json"
     # Another model, prompt or render size reads nothing of it.
     other = Ledger(str(tmp_path), Storage(), conversion_key("model", "prompt", 1024))
-    assert PageStore(other.storage, other.state_uri).load(SHA, page_count=5) == {}
+    assert PageStore(other.storage, other.state).load(SHA, page_count=5) == {}
 
 
 def test_damaged_foreign_and_out_of_range_records_are_ignored(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ import pytest
 from airflow.sdk import Asset, RetryAction
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
+from olmocr_tasks.documents import SourceDocument
 from olmocr_tasks.errors import (
     ConfigurationError,
     ServerMisconfigured,
@@ -36,7 +37,6 @@ from olmocr_tasks.provider import hooks, tasks
 from olmocr_tasks.provider import params as dag_params
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
 from olmocr_tasks.provider.triggers import VllmReadyTrigger
-from olmocr_tasks.runs import SourceDocument
 from olmocr_tasks.storage import ObjectInfo, Storage
 from tests.airflow_env import REPO_ROOT, aws_connection, base_env
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION

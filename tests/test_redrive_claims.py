@@ -20,6 +20,7 @@ import pytest
 
 from olmocr_tasks.claims import Blocked, ClaimBook, ClaimHolder
 from olmocr_tasks.config import ConversionSettings, ServerSettings
+from olmocr_tasks.layout import ConversionState
 from olmocr_tasks.ledger import Ledger
 from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.pipeline import SINGLE_BATCH, RunRequest, build_manifest, convert_batch, plan_run, run_conversion
@@ -119,7 +120,7 @@ def test_a_document_claimed_by_a_live_run_is_left_for_later_and_shown_so(
     storage = Storage()
     request = _request(inbox, output, settings=_settings(standin))
     held = {info.uri: info for info in storage.list_objects(str(inbox))}[str(inbox / "doc81.pdf")]
-    state = Ledger(str(output), storage, request.conversion_key).state_uri
+    state = Ledger(str(output), storage, request.conversion_key).state
     other = ClaimBook(storage, state, ClaimHolder("other-run", "p", "b", 1, T0), 600).acquire(held)
     assert not isinstance(other, Blocked)
 
@@ -259,7 +260,7 @@ def test_a_run_killed_mid_document_leaves_claims_a_later_run_takes_over_after_ex
     assert {record["run_id"] for record in records} == {"killed"}
     # While they are live, another run is turned away from those documents.
     storage = Storage()
-    state = str(claims[0].parent.parent.parent)
+    state = ConversionState(str(claims[0].parent.parent.parent))
     book = ClaimBook(storage, state, ClaimHolder("probe", "p", "b", 1, datetime.now(UTC)), float(expiry))
     infos = {info.uri: info for info in storage.list_objects(str(tmp_path / "in"))}
     held = [book.acquire(info) for info in infos.values()]

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from olmocr_tasks.manifest import DocumentEntry, Manifest, manifest_uri, safe_run_id
+from olmocr_tasks.layout import safe_run_id
+from olmocr_tasks.manifest import DocumentEntry, Manifest, manifest_uri
 from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.protocol import PageResponse
 from olmocr_tasks.results import DocumentResult, PageResult
@@ -233,7 +234,7 @@ def test_an_output_collision_failure_is_recorded_in_a_manifest_that_validates(
     import hashlib
 
     from olmocr_tasks.config import ConversionSettings, ServerSettings
-    from olmocr_tasks.outputs import OWNERS_DIR
+    from olmocr_tasks.layout import OutputLocation
     from olmocr_tasks.pipeline import RunRequest, run_conversion
     from olmocr_tasks.storage import Storage
     from tests import pdfgen
@@ -242,10 +243,9 @@ def test_an_output_collision_failure_is_recorded_in_a_manifest_that_validates(
     pdfgen.write_pdf(tmp_path / "in" / "free.pdf", pdfgen.text_pdf(1, doc_id=2))
     # Both names taken.pdf may be written under already belong to other sources' outputs.
     digest = hashlib.sha1(str(source).encode()).hexdigest()[:10]
-    owners = tmp_path / "out" / OWNERS_DIR
-    owners.mkdir(parents=True)
     for stem in ("taken", f"taken~{digest}"):
-        record = owners / (hashlib.sha256(stem.encode()).hexdigest() + ".json")
+        record = Path(OutputLocation(str(tmp_path / "out")).owner_record(stem))
+        record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps({"stem": stem, "source": f"s3://elsewhere/{stem}.pdf"}))
     settings = ConversionSettings(server=ServerSettings(base_urls=(standin.url,), readiness_timeout_s=5.0))
     request = RunRequest(str(tmp_path / "in"), str(tmp_path / "out"), run_id="collision", settings=settings)

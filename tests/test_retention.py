@@ -20,8 +20,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from olmocr_tasks.layout import safe_run_id
 from olmocr_tasks.ledger import Ledger
-from olmocr_tasks.manifest import safe_run_id
 from olmocr_tasks.page_store import PageStore
 from olmocr_tasks.pipeline import RunRequest, plan_run, run_conversion
 from olmocr_tasks.retention import clean_output
@@ -59,7 +59,7 @@ def _runs(scenario_output: str, inbox: str, storage: Storage, standin: StandinSe
     assert [doc.status for doc in second.documents] == ["converted"] and second.counts()["already_converted"] == 1
 
     ledger = Ledger(scenario_output, storage, request.conversion_key)
-    pages = PageStore(storage, ledger.state_uri)
+    pages = PageStore(storage, ledger.state)
     converted_sha = second.documents[0].sha256
     assert converted_sha is not None
     pages.save(converted_sha, _page(1, "left over after a crash"))
@@ -67,13 +67,15 @@ def _runs(scenario_output: str, inbox: str, storage: Storage, standin: StandinSe
     # A run that planned and never published (its worker died), with the same inbox.
     RunFolder(storage, scenario_output, "abandoned").write_plan(plan_run(request, storage))
     [marker] = [
-        info.uri for info in storage.list_objects(join_uri(ledger.state_uri, "sources")) if ".failed." in info.uri
+        info.uri
+        for info in storage.list_objects(ledger.state.sources_uri)
+        if (found := ledger.state.marker(info.uri)) and not found.done
     ]
     return Scenario(
         output=scenario_output,
         request=request,
-        keep_pages=join_uri(pages.pages_uri, "ab" * 32, "00001.json"),
-        drop_pages=join_uri(pages.pages_uri, converted_sha, "00001.json"),
+        keep_pages=ledger.state.page("ab" * 32, 1),
+        drop_pages=ledger.state.page(converted_sha, 1),
         failure_marker=marker,
     )
 

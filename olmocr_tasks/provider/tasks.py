@@ -57,6 +57,7 @@ from olmocr_tasks.batching import (
     pack_batches,
 )
 from olmocr_tasks.config import ConversionSettings, positive_number
+from olmocr_tasks.documents import SourceDocument
 from olmocr_tasks.errors import ConfigurationError, ServerMisconfigured
 from olmocr_tasks.pipeline import (
     RunRequest,
@@ -72,7 +73,7 @@ from olmocr_tasks.provider.lineage import report_converted, report_published
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
 from olmocr_tasks.provider.params import SCOPES
 from olmocr_tasks.provider.retries import INFRASTRUCTURE_RETRIES
-from olmocr_tasks.runs import SourceDocument, new_plan_id
+from olmocr_tasks.runs import new_plan_id
 from olmocr_tasks.s3_events import documents_from_asset_events
 from olmocr_tasks.uri import is_s3
 

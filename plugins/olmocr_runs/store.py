@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from olmocr_tasks.errors import StorageError, UnreadableSourceError
-from olmocr_tasks.manifest import MANIFESTS_DIR
+from olmocr_tasks.layout import OutputLocation, summary_path
 from olmocr_tasks.manifest_overview import overview_of
 from olmocr_tasks.manifest_reader import ManifestFormatError, ManifestReader
 from olmocr_tasks.storage import Storage
-from olmocr_tasks.uri import join_uri
 
 from .runs import RunSummary, summarize
 
@@ -67,7 +66,8 @@ class ManifestStore:
         self.output_uri = output_uri
         # Without options Storage reads AWS_* and the usual credential chain, as the engine does.
         self.storage = storage or Storage()
-        self._dir = join_uri(output_uri, MANIFESTS_DIR)
+        self._location = OutputLocation(output_uri)
+        self._dir = self._location.manifests_uri
         self._lock = threading.Lock()
         # Per summary URI: (version, the run's list row or a note, its reader). A reader holds the
         # summary only (schema 3, small); an old manifest's entries are inline and kept with it, as before.
@@ -81,15 +81,14 @@ class ManifestStore:
 
     def list_files(self) -> list[ManifestFile]:
         """The manifest files now present; an absent folder means no run has finished yet."""
-        prefix = self.display_dir
         files = []
         for info in self.storage.list_objects(self._dir):
-            name = info.uri[len(prefix) :] if info.uri.startswith(prefix) else ""
-            # Only files directly in the folder; temp files of an in-flight write are never listed.
-            if not name or "/" in name or not name.endswith(".json") or name.startswith("."):
+            # Summaries only: shards and the temp files of an in-flight write are never listed.
+            key = self._location.summary_key(info.uri)
+            if key is None:
                 continue
             version = f"{info.size}:{info.etag or info.last_modified.isoformat()}"
-            files.append(ManifestFile(key=name.removesuffix(".json"), uri=info.uri, version=version))
+            files.append(ManifestFile(key=key, uri=info.uri, version=version))
         return files
 
     def open(self, manifest: ManifestFile) -> ManifestReader:
@@ -180,10 +179,10 @@ class ManifestStore:
             return summarize(manifest.key, reader.summary), reader
         except ManifestReadError as exc:
             log.warning("Skipping unreadable manifest %s: %s", manifest.uri, exc)
-            return f"{MANIFESTS_DIR}/{manifest.key}.json could not be read ({exc}); it is left out.", None
+            return f"{summary_path(manifest.key)} could not be read ({exc}); it is left out.", None
         except Exception as exc:  # a manifest of an unexpected shape must not break the list
             log.exception("Skipping manifest %s", manifest.uri)
             return (
-                f"{MANIFESTS_DIR}/{manifest.key}.json has an unexpected shape ({type(exc).__name__}: {exc}).",
+                f"{summary_path(manifest.key)} has an unexpected shape ({type(exc).__name__}: {exc}).",
                 None,
             )

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 import pytest
 
-from olmocr_tasks.manifest import safe_run_id
+from olmocr_tasks.layout import safe_run_id
 from tests.deployment.corpus import Bucket, converted, documents, only, sources, statuses
 from tests.deployment.harness import Deployment
 from tests.deployment.schedule import MINUTE, interval, now, plan_started, run_ending
