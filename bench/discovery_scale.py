@@ -93,8 +93,7 @@ def child_main(argv: list[str]) -> int:
     if args.impl == "ours":
         import s3fs  # noqa: F401
 
-        import olmocr_tasks.discovery
-        import olmocr_tasks.ledger  # noqa: F401
+        from olmocr_tasks import discovery, ledger  # noqa: F401
     else:
         import boto3  # noqa: F401
     started, cpu = time.perf_counter(), time.process_time()

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import psutil
 
-from olmocr_tasks.rendering import RenderPool, open_document_sync, render_page_png_sync
+from olmocr_tasks.render_pool import RenderPool
+from olmocr_tasks.render_worker import open_document_sync, render_page_png_sync
 
 PNG_COMPRESS_LEVEL = 1  # the engine's PageSettings default
 TARGET_DIM = 1288

@@ -191,7 +191,7 @@ class ConversionSettings:
     write_markdown: bool = True
     # Documents whose bytes are held in memory at once by one process (pages of these interleave).
     max_open_documents: int = 16
-    # PDFium worker processes per converting process (None: one per core, see rendering).
+    # PDFium worker processes per converting process (None: one per core, see render_pool).
     render_workers: int | None = None
     # Added to the render workers' niceness: low-priority runs give the host's CPU way (priority.py).
     render_nice: int = 0

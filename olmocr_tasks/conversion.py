@@ -51,7 +51,7 @@ from olmocr_tasks.page_store import PageStore
 from olmocr_tasks.pages import PageConverter
 from olmocr_tasks.progress import ProgressReporter
 from olmocr_tasks.protocol import PROMPT_VERSION, RequestBodyBuilder
-from olmocr_tasks.rendering import RenderPool
+from olmocr_tasks.render_pool import RenderPool
 from olmocr_tasks.results import DocumentResult, PageResult
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.uri import is_s3

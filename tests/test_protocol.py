@@ -34,7 +34,7 @@ from olmocr_tasks.protocol import (
     parse_front_matter,
     temperature_for_attempt,
 )
-from olmocr_tasks.rendering import RenderPool
+from olmocr_tasks.render_pool import RenderPool
 from tests.page_marker import read_marker
 from tests.reliability_checks import run_cli
 from tests.standin.server import StandinServer

@@ -27,17 +27,10 @@ from olmocr_tasks.errors import (
     NotPdfError,
     TooLargeError,
 )
-from olmocr_tasks.rendering import (
-    TEST_HOOKS_ENV,
-    PdfInfo,
-    RenderError,
-    RenderPool,
-    default_render_workers,
-    open_document_sync,
-    render_page_png_sync,
-    target_size,
-)
+from olmocr_tasks.render_pool import RenderError, RenderPool, default_render_workers
+from olmocr_tasks.render_worker import PdfInfo, open_document_sync, render_page_png_sync, target_size
 from tests import pdfgen
+from tests.fixtures.render_hooks import HookedRenderPool
 from tests.page_marker import Marker, read_marker
 
 T = TypeVar("T")
@@ -317,20 +310,14 @@ def test_size_and_page_limits(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def hook_pool(monkeypatch: pytest.MonkeyPatch) -> RenderPool:
+def hook_pool() -> HookedRenderPool:
     """One worker that accepts the test-only request kinds, with a short time limit."""
-    monkeypatch.setenv(TEST_HOOKS_ENV, "1")
-    return RenderPool(workers=1, limits=DocumentLimits(render_timeout_s=2.0))
+    return HookedRenderPool(workers=1, limits=DocumentLimits(render_timeout_s=2.0))
 
 
 def _gone(pid: int) -> bool:
     # Reaped, not a zombie.
     return not psutil.pid_exists(pid)
-
-
-def _sleep_args(seconds: float, started: Path) -> tuple[float, str]:
-    """Arguments of the ``_sleep`` hook: the worker creates ``started`` once it is inside the call."""
-    return (seconds, str(started))
 
 
 async def _until_started(started: Path) -> None:
@@ -340,7 +327,7 @@ async def _until_started(started: Path) -> None:
         await asyncio.sleep(0.01)
 
 
-def test_hanging_worker_is_killed_and_replaced(hook_pool: RenderPool, tmp_path: Path) -> None:
+def test_hanging_worker_is_killed_and_replaced(hook_pool: HookedRenderPool, tmp_path: Path) -> None:
     path = write(tmp_path, "doc.pdf", pdfgen.text_pdf(1, 2))
 
     async def body() -> None:
@@ -348,7 +335,7 @@ def test_hanging_worker_is_killed_and_replaced(hook_pool: RenderPool, tmp_path: 
             [old_pid] = pool.worker_pids()
             # No stopwatch needed: a 60 s sleep that ran its course would return, not raise "timeout".
             with pytest.raises(RenderError) as caught:
-                await pool._call("_sleep", (60,), "sleeping")
+                await pool.sleep(60)
             assert caught.value.reason == "timeout"
             assert marker(decode(await pool.render_page(path, 0))) == Marker(2, 1, 0)
             [new_pid] = pool.worker_pids()
@@ -358,18 +345,18 @@ def test_hanging_worker_is_killed_and_replaced(hook_pool: RenderPool, tmp_path: 
     asyncio.run(body())
 
 
-def test_crashing_worker_is_replaced(hook_pool: RenderPool, tmp_path: Path) -> None:
+def test_crashing_worker_is_replaced(hook_pool: HookedRenderPool, tmp_path: Path) -> None:
     path = write(tmp_path, "doc.pdf", pdfgen.text_pdf(1, 2))
 
     async def body() -> None:
         async with hook_pool as pool:
             with pytest.raises(RenderError, match="SIGSEGV") as caught:
-                await pool._call("_crash", (), "crashing")
+                await pool.crash()
             assert caught.value.reason == "crashed"
             # Killed from outside while busy (what the OOM killer does).
-            pid = await pool._call("_pid", (), "asking the pid")
+            pid = await pool.pid()
             started = tmp_path / "started"
-            sleeper = asyncio.ensure_future(pool._call("_sleep", _sleep_args(60, started), "sleeping"))
+            sleeper = asyncio.ensure_future(pool.sleep(60, started))
             await _until_started(started)
             os.kill(pid, 9)
             with pytest.raises(RenderError, match="SIGKILL") as caught:
@@ -381,14 +368,14 @@ def test_crashing_worker_is_replaced(hook_pool: RenderPool, tmp_path: Path) -> N
     asyncio.run(body())
 
 
-def test_cancelled_caller_leaves_the_pool_usable(hook_pool: RenderPool, tmp_path: Path) -> None:
+def test_cancelled_caller_leaves_the_pool_usable(hook_pool: HookedRenderPool, tmp_path: Path) -> None:
     path = write(tmp_path, "doc.pdf", pdfgen.text_pdf(1, 2))
 
     async def body() -> None:
         async with hook_pool as pool:
             # Cancelled while the worker is inside the call, not before it got there.
             started = tmp_path / "started"
-            call = asyncio.ensure_future(pool._call("_sleep", _sleep_args(0.5, started), "sleeping"))
+            call = asyncio.ensure_future(pool.sleep(0.5, started))
             await _until_started(started)
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -399,12 +386,12 @@ def test_cancelled_caller_leaves_the_pool_usable(hook_pool: RenderPool, tmp_path
     asyncio.run(body())
 
 
-def test_close_does_not_wait_for_a_busy_worker(hook_pool: RenderPool, tmp_path: Path) -> None:
+def test_close_does_not_wait_for_a_busy_worker(hook_pool: HookedRenderPool, tmp_path: Path) -> None:
     async def body() -> None:
         await asyncio.to_thread(hook_pool.start)
         started = tmp_path / "started"
-        sleeper = asyncio.ensure_future(hook_pool._call("_sleep", _sleep_args(60, started), "sleeping", timeout=120))
-        queued = asyncio.ensure_future(hook_pool._call("_sleep", (60,), "sleeping", timeout=120))
+        sleeper = asyncio.ensure_future(hook_pool.sleep(60, started, timeout=120))
+        queued = asyncio.ensure_future(hook_pool.sleep(60, timeout=120))
         await _until_started(started)
         pids = hook_pool.worker_pids()
         await hook_pool.close()
@@ -419,9 +406,9 @@ def test_close_does_not_wait_for_a_busy_worker(hook_pool: RenderPool, tmp_path: 
     asyncio.run(body())
 
 
-def test_test_hooks_are_off_by_default(render_pool: RenderPool) -> None:
+def test_production_workers_know_no_test_hook(render_pool: RenderPool) -> None:
     with pytest.raises(RenderError, match="unknown request kind") as caught:
-        run(render_pool, lambda pool: pool._call("_crash", (), "crashing"))
+        run(render_pool, lambda pool: pool._call("crash", (), "crashing"))
     assert caught.value.reason == "failed"
 
 
@@ -530,12 +517,12 @@ def test_parent_memory_stays_flat_over_200_pages(render_pool: RenderPool, tmp_pa
 
 _ORPHAN_SCRIPT = """
 import asyncio, sys
-from olmocr_tasks.rendering import RenderPool
+from tests.fixtures.render_hooks import HookedRenderPool
 
 async def main():
-    async with RenderPool(workers=1) as pool:
+    async with HookedRenderPool() as pool:
         print(pool.worker_pids()[0], flush=True)
-        await pool._call("_sleep", (120, sys.argv[1]), "sleeping")
+        await pool.sleep(120, sys.argv[1])
 
 asyncio.run(main())
 """
@@ -543,11 +530,10 @@ asyncio.run(main())
 
 def test_worker_stuck_in_a_call_dies_with_its_parent(tmp_path: Path) -> None:
     # A scheduler SIGKILLing the task process must not leave a worker stuck inside PDFium behind.
-    env = {**os.environ, TEST_HOOKS_ENV: "1"}
     root = str(Path(__file__).resolve().parent.parent)
     started = tmp_path / "started"
     parent = subprocess.Popen(
-        [sys.executable, "-c", _ORPHAN_SCRIPT, str(started)], stdout=subprocess.PIPE, env=env, cwd=root, text=True
+        [sys.executable, "-c", _ORPHAN_SCRIPT, str(started)], stdout=subprocess.PIPE, cwd=root, text=True
     )
     try:
         assert parent.stdout is not None

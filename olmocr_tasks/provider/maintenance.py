@@ -1,4 +1,6 @@
-"""The ``olmocr_maintenance`` DAG's Params and its one task: retention (``olmocr_tasks.retention``) on a schedule.
+"""The ``olmocr_maintenance`` DAG's Params and its one task: retention on a schedule.
+
+The work itself is ``olmocr_tasks.retention``; this module gives it Params and a task.
 
 Removes ``_runs/<run>/`` folders of published runs and state that no longer serves a pending document,
 older than ``older_than_days``; never outputs, manifests or anything a running or unpublished run needs.
