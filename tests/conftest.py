@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import tier_record
+from olmocr_tasks.testing import tier_record
 
 pytest_plugins = [
     "tests.fixtures.pdfs",

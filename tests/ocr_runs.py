@@ -26,10 +26,10 @@ from typing import Any
 
 from olmocr_tasks.manifest import safe_run_id
 from olmocr_tasks.manifest_reader import load_whole
-from tests.airflow_env import AirflowEnv, aws_connection, vllm_connection
+from olmocr_tasks.testing.airflow_env import AirflowEnv, aws_connection, vllm_connection
+from olmocr_tasks.testing.pdfgen import not_a_pdf, text_pdf
+from olmocr_tasks.testing.standin.server import StandinServer
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
-from tests.pdfgen import not_a_pdf, text_pdf
-from tests.standin.server import StandinServer
 
 XSS = "<script>alert(1)</script>"
 DAG_ID = "olmocr_ingest"

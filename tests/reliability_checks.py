@@ -31,7 +31,7 @@ from olmocr_tasks.config import ConversionSettings, DocumentLimits, PageSettings
 from olmocr_tasks.manifest import Manifest
 from olmocr_tasks.manifest_reader import ManifestReader
 from olmocr_tasks.storage import TEMP_SUFFIX, Storage
-from tests import pdfgen
+from olmocr_tasks.testing import pdfgen
 
 ANSWER = re.compile(r"Stand-in transcription of document (\d+) page (\d+)\.")
 REPO_ROOT = Path(__file__).resolve().parents[1]

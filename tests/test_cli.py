@@ -12,8 +12,8 @@ import boto3
 import pytest
 
 from olmocr_tasks.manifest_reader import load_whole
-from tests import pdfgen
-from tests.standin.server import StandinServer
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
 
 FAST = ["--read-timeout", "5", "--outage-window", "3", "--ready-timeout", "3"]
 

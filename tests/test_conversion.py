@@ -22,8 +22,8 @@ from olmocr_tasks.errors import ServerNotReady, ServerUnavailable
 from olmocr_tasks.manifest import Manifest
 from olmocr_tasks.pipeline import RunRequest, run_conversion
 from olmocr_tasks.storage import Storage
-from tests import pdfgen
-from tests.standin.server import StandinServer
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
 
 ANSWER = re.compile(r"Stand-in transcription of document (\d+) page (\d+)\.")
 

@@ -12,8 +12,8 @@ from airflow.sdk import Connection
 from olmocr_tasks.config import DEFAULT_MODEL, ServerSettings
 from olmocr_tasks.errors import ConfigurationError, ServerNotReady
 from olmocr_tasks.provider.hooks import VllmHook, base_url, settings_from_connection
-from tests.ports import refusing_port
-from tests.standin.server import StandinServer
+from olmocr_tasks.testing.ports import refusing_port
+from olmocr_tasks.testing.standin.server import StandinServer
 
 
 def connection(**fields: Any) -> Connection:

@@ -33,10 +33,10 @@ from olmocr_tasks.manifest_reader import ManifestReader, load_whole, read_manife
 from olmocr_tasks.pipeline import RunRequest, convert_batch, plan_run, publish_run
 from olmocr_tasks.retention import clean_output
 from olmocr_tasks.storage import Storage
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
 from olmocr_tasks.uri import join_uri
-from tests import pdfgen
 from tests.reliability_checks import quick_settings
-from tests.standin.server import StandinServer
 
 # The bound on a summary, whatever the run's size.
 SUMMARY_LIMIT = 256 * 1024

@@ -28,10 +28,10 @@ from olmocr_tasks.outputs import (
 from olmocr_tasks.pipeline import RunRequest, run_conversion
 from olmocr_tasks.results import DocumentResult, PageResult
 from olmocr_tasks.storage import Storage
-from tests.airflow_env import AirflowEnv
-from tests.pdfgen import text_pdf
+from olmocr_tasks.testing.airflow_env import AirflowEnv
+from olmocr_tasks.testing.pdfgen import text_pdf
+from olmocr_tasks.testing.standin.server import StandinServer
 from tests.reliability_checks import quick_settings, run_cli
-from tests.standin.server import StandinServer
 
 
 def _page(number: int, text: str | None, **overrides: Any) -> PageResult:

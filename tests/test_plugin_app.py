@@ -18,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from olmocr_tasks.manifest_reader import load_whole
-from tests.airflow_env import AirflowEnv
+from olmocr_tasks.testing.airflow_env import AirflowEnv
 from tests.ocr_runs import CLEAN_RUN, DAG_ID, DEAD_LETTER_RUN, FAILING_RUN, XSS, RealRuns, real_runs
 
 REPO = Path(__file__).resolve().parents[1]

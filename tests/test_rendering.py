@@ -37,8 +37,8 @@ from olmocr_tasks.rendering import (
     render_page_png_sync,
     target_size,
 )
-from tests import pdfgen
-from tests.page_marker import Marker, read_marker
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.page_marker import Marker, read_marker
 
 T = TypeVar("T")
 LETTER_LANDSCAPE = (792.0, 612.0)

@@ -13,7 +13,7 @@ from olmocr_tasks.manifest import DocumentEntry, Manifest, manifest_uri, safe_ru
 from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.protocol import PageResponse
 from olmocr_tasks.results import DocumentResult, PageResult
-from tests.standin.server import StandinServer
+from olmocr_tasks.testing.standin.server import StandinServer
 
 
 def _page(number: int, text: str | None, *, fallback: bool = False) -> PageResult:
@@ -190,7 +190,7 @@ def test_a_page_rescued_by_its_hedge_is_counted_in_the_published_manifest(
     from olmocr_tasks.config import ConversionSettings, ServerSettings
     from olmocr_tasks.pipeline import RunRequest, run_conversion
     from olmocr_tasks.storage import Storage
-    from tests import pdfgen
+    from olmocr_tasks.testing import pdfgen
 
     # The last page's first request is accepted and never answered; the other pages give the client
     # the latency history a hedge needs. The read timeout is far away, so only a hedge rescues it.
@@ -236,7 +236,7 @@ def test_an_output_collision_failure_is_recorded_in_a_manifest_that_validates(
     from olmocr_tasks.outputs import OWNERS_DIR
     from olmocr_tasks.pipeline import RunRequest, run_conversion
     from olmocr_tasks.storage import Storage
-    from tests import pdfgen
+    from olmocr_tasks.testing import pdfgen
 
     source = pdfgen.write_pdf(tmp_path / "in" / "taken.pdf", pdfgen.text_pdf(1, doc_id=1))
     pdfgen.write_pdf(tmp_path / "in" / "free.pdf", pdfgen.text_pdf(1, doc_id=2))

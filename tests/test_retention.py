@@ -27,10 +27,10 @@ from olmocr_tasks.pipeline import RunRequest, plan_run, run_conversion
 from olmocr_tasks.retention import clean_output
 from olmocr_tasks.runs import RunFolder, new_plan_id
 from olmocr_tasks.storage import Storage
+from olmocr_tasks.testing.pdfgen import text_pdf
+from olmocr_tasks.testing.standin.server import StandinServer
 from olmocr_tasks.uri import join_uri
-from tests.pdfgen import text_pdf
 from tests.reliability_checks import quick_settings
-from tests.standin.server import StandinServer
 from tests.test_outputs import _page
 
 RETENTION = timedelta(days=7)

@@ -16,10 +16,10 @@ from typing import Any
 from olmocr_tasks.pipeline import RunRequest, convert_batch, plan_run, publish_run
 from olmocr_tasks.runs import RunFolder
 from olmocr_tasks.storage import REQUEST_KINDS, RetryPolicy, Storage
-from tests import pdfgen
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
 from tests.fixtures.s3 import FaultProxy
 from tests.reliability_checks import quick_settings
-from tests.standin.server import StandinServer
 from tests.test_cli import FAST, cli
 from tests.test_results_manifest import _validated
 

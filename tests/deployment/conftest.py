@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.deployment.corpus import Bucket
-from tests.deployment.harness import Deployment
-from tests.deployment.harness import deployment as start_deployment
+from olmocr_tasks.testing.bucket import Bucket
+from olmocr_tasks.testing.cluster import Deployment
+from olmocr_tasks.testing.cluster import deployment as start_deployment
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
