@@ -12,13 +12,16 @@ import sys
 import textwrap
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
 
 from olmocr_tasks.manifest_reader import load_whole
-from olmocr_tasks.testing.airflow_env import AirflowEnv
+from olmocr_tasks.testing.airflow_env import AirflowEnv, aws_connection
+from olmocr_tasks.testing.ports import refusing_port
+from tests.fixtures.s3 import REGION, FaultProxy
 from tests.ocr_runs import CLEAN_RUN, DAG_ID, DEAD_LETTER_RUN, FAILING_RUN, XSS, RealRuns, real_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -409,60 +412,72 @@ def s3_manifests(s3_env: str, s3_bucket: str, output: Path) -> str:
     return f"s3://{s3_bucket}/prod"
 
 
-def test_airflow_loads_plugin_and_mounts_app(tmp_path: Path, output: Path) -> None:
-    """Airflow's plugin manager loads the plugin from a plugins folder and mounts the app behind auth."""
-    script = textwrap.dedent(
-        """
-        import json
-        from airflow import plugins_manager, settings
-        from airflow.api_fastapi.app import init_auth_manager, init_plugins
-        from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-        from airflow.api_fastapi.core_api.datamodels.plugins import PluginResponse
-        from fastapi import FastAPI
-        from fastapi.testclient import TestClient
-        from airflow.models.revoked_token import RevokedToken
+# Loads the plugins folder through Airflow's plugin manager into an api-server app, then asks the
+# OCR runs API anonymously and signed in, and the list page signed in; prints what it saw as JSON.
+_PLUGIN_IN_AIRFLOW = textwrap.dedent(
+    """
+    import json
+    from airflow import plugins_manager, settings
+    from airflow.api_fastapi.app import init_auth_manager, init_plugins
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from airflow.api_fastapi.core_api.datamodels.plugins import PluginResponse
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from airflow.models.revoked_token import RevokedToken
 
-        # Token checks consult this one table; creating it is much cheaper than a full db migrate.
-        RevokedToken.__table__.create(settings.engine, checkfirst=True)
-        plugins, errors = plugins_manager._get_plugins()
-        apps, _ = plugins_manager.get_fastapi_plugins()
-        views, _ = plugins_manager._get_ui_plugins()
-        info = [PluginResponse.model_validate(p).model_dump() for p in plugins_manager.get_plugin_info()]
-        root = FastAPI()
-        auth = init_auth_manager(root)
-        init_plugins(root)
-        client = TestClient(root)
-        anonymous = client.get("/olmocr/api/runs")
-        token = auth.generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
-        signed_in = client.get("/olmocr/api/runs", headers={"Authorization": f"Bearer {token}"})
-        client.cookies.set("_token", token)
-        page = client.get("/olmocr/")
-        print(json.dumps({
-            "plugins": [p.name for p in plugins],
-            "errors": errors,
-            "prefixes": [a["url_prefix"] for a in apps],
-            "views": views,
-            "info": info,
-            "anonymous": anonymous.status_code,
-            "status": signed_in.status_code,
-            "total": signed_in.json().get("total"),
-            "page": page.status_code,
-        }, default=str))
-        """
-    )
-    env = {
+    # Token checks consult this one table; creating it is much cheaper than a full db migrate.
+    RevokedToken.__table__.create(settings.engine, checkfirst=True)
+    plugins, errors = plugins_manager._get_plugins()
+    apps, _ = plugins_manager.get_fastapi_plugins()
+    views, _ = plugins_manager._get_ui_plugins()
+    info = [PluginResponse.model_validate(p).model_dump() for p in plugins_manager.get_plugin_info()]
+    root = FastAPI()
+    auth = init_auth_manager(root)
+    init_plugins(root)
+    client = TestClient(root)
+    anonymous = client.get("/olmocr/api/runs")
+    token = auth.generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+    signed_in = client.get("/olmocr/api/runs", headers={"Authorization": f"Bearer {token}"})
+    client.cookies.set("_token", token)
+    page = client.get("/olmocr/")
+    print(json.dumps({
+        "plugins": [p.name for p in plugins],
+        "errors": errors,
+        "prefixes": [a["url_prefix"] for a in apps],
+        "views": views,
+        "info": info,
+        "anonymous": anonymous.status_code,
+        "status": signed_in.status_code,
+        "total": signed_in.json().get("total"),
+        "runs": [run["run_id"] for run in signed_in.json().get("runs", [])],
+        "listing_error": signed_in.json().get("error"),
+        "page": page.status_code,
+    }, default=str))
+    """
+)
+
+
+def plugin_in_airflow(tmp_path: Path, **env: str | None) -> dict[str, Any]:
+    """What ``_PLUGIN_IN_AIRFLOW`` saw, run in a subprocess with ``env`` over this one's (None removes)."""
+    variables = {
         **os.environ,
         "AIRFLOW_HOME": str(tmp_path / "airflow"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "OLMOCR_OUTPUT_URI": str(output),
     }
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180, check=False
-    )
+    variables.update({name: value for name, value in env.items() if value is not None})
+    for name in [name for name, value in env.items() if value is None]:
+        variables.pop(name, None)
+    command = [sys.executable, "-c", _PLUGIN_IN_AIRFLOW]
+    result = subprocess.run(command, env=variables, capture_output=True, text=True, timeout=180, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_airflow_loads_plugin_and_mounts_app(tmp_path: Path, output: Path) -> None:
+    """Airflow's plugin manager loads the plugin from a plugins folder and mounts the app behind auth."""
+    report = plugin_in_airflow(tmp_path, OLMOCR_OUTPUT_URI=str(output))
     assert report["errors"] == {}
     assert "olmocr_runs" in report["plugins"]
     assert "/olmocr" in report["prefixes"]
@@ -473,3 +488,24 @@ def test_airflow_loads_plugin_and_mounts_app(tmp_path: Path, output: Path) -> No
     assert report["anonymous"] == 401
     assert report["status"] == 200 and report["total"] == 4
     assert report["page"] == 200
+
+
+def test_plugin_reads_s3_with_the_aws_default_connection(
+    tmp_path: Path, s3_manifests: str, s3_fault_proxy: FaultProxy, runs: RealRuns
+) -> None:
+    """The api-server's own AWS environment points elsewhere with other keys; the plugin lists the runs
+    through the endpoint and keys of ``aws_default``, as the tasks that wrote them did."""
+    connection_key = "aws-default-connection-key"
+    with refusing_port() as nowhere:
+        report = plugin_in_airflow(
+            tmp_path,
+            OLMOCR_OUTPUT_URI=s3_manifests,
+            AIRFLOW_CONN_AWS_DEFAULT=aws_connection(s3_fault_proxy.url, connection_key, "aws-default-secret", REGION),
+            AWS_ACCESS_KEY_ID="ambient-wrong-key",
+            AWS_SECRET_ACCESS_KEY="ambient-wrong-secret",
+            AWS_ENDPOINT_URL=f"http://127.0.0.1:{nowhere}",
+        )
+    assert report["status"] == 200 and report["listing_error"] is None
+    assert report["runs"] == [DEAD_LETTER_RUN, FAILING_RUN, CLEAN_RUN, runs.airflow_manifest_run_id]
+    signed_by = {request.access_key for request in s3_fault_proxy.requests}
+    assert s3_fault_proxy.requests and signed_by == {connection_key}, signed_by
