@@ -205,6 +205,10 @@ def temp_files(folder: Path) -> list[Path]:
 # --------------------------------------------------------------------------------------- processes
 
 
+# Seconds instead of minutes for the CLI's server timeouts, so failure paths end quickly.
+FAST_CLI = ["--read-timeout", "5", "--outage-window", "3", "--ready-timeout", "3"]
+
+
 def cli_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "olmocr_tasks.cli", *args]
 

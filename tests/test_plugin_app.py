@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -19,10 +18,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from olmocr_tasks.manifest_reader import load_whole
-from olmocr_tasks.testing.airflow_env import AirflowEnv, aws_connection
+from olmocr_tasks.testing.airflow_env import aws_connection
 from olmocr_tasks.testing.ports import refusing_port
+from tests.fixtures.ocr_runs import CLEAN_RUN, DAG_ID, DEAD_LETTER_RUN, FAILING_RUN, XSS, RealRuns, copy_output
 from tests.fixtures.s3 import REGION, FaultProxy
-from tests.ocr_runs import CLEAN_RUN, DAG_ID, DEAD_LETTER_RUN, FAILING_RUN, XSS, RealRuns, real_runs
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = REPO / "plugins"
@@ -31,23 +30,6 @@ if str(PLUGINS) not in sys.path:
 
 from olmocr_runs import charts, create_app  # noqa: E402
 from olmocr_runs.runs import task_log_href  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, airflow_home: AirflowEnv, moto_server: str) -> RealRuns:
-    return real_runs(tmp_path_factory.getbasetemp(), airflow_home, moto_server)
-
-
-def copy_output(runs: RealRuns, output: Path) -> None:
-    """The real runs' output tree under ``output`` (the manifests naming the copies), plus a corrupt manifest."""
-    shutil.copytree(runs.output, output, dirs_exist_ok=True)
-    old, new = json.dumps(str(runs.output))[1:-1], json.dumps(str(output))[1:-1]
-    for path in (output / "manifests").glob("*.json"):
-        path.write_text(path.read_text().replace(old, new))
-    # The entries are in the summaries' shards (gzip JSON Lines): they name the outputs too.
-    for path in (output / "manifests").rglob("*.jsonl.gz"):
-        path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()).decode().replace(old, new).encode()))
-    (output / "manifests" / "broken-run.json").write_text('{"run_id": "broken", "documents": [')
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,7 +38,6 @@ from olmocr_tasks.provider.triggers import VllmReadyTrigger
 from olmocr_tasks.runs import SourceDocument
 from olmocr_tasks.storage import ObjectInfo, Storage
 from olmocr_tasks.testing.airflow_env import REPO_ROOT, aws_connection, base_env
-from olmocr_tasks.testing.ports import refusing_port
 from olmocr_tasks.testing.standin.server import StandinServer
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
 from tests.task_context import RunTasks, context
@@ -338,12 +336,6 @@ def test_params_form() -> None:
     events = dag_params.event_params()
     assert "documents" not in events and "scope" not in events
     assert {"output_uri", "reprocess", "max_document_error_rate"} <= set(events)
-
-
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    with refusing_port() as port:
-        yield port
 
 
 def test_check_server_fails_fast_on_the_wrong_model(monkeypatch: pytest.MonkeyPatch, standin: StandinServer) -> None:

@@ -45,7 +45,7 @@ def slow_page_pdf(operations: int = 3000) -> bytes:
         b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>",
         b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
     ]
-    return pdfgen._assemble(objects)
+    return pdfgen.assemble_pdf(objects)
 
 
 def with_slow_pages(doc_id: int, slow_pages: int) -> bytes:

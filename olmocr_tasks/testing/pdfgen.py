@@ -216,7 +216,7 @@ def zero_page_pdf() -> bytes:
         b"<< /Type /Catalog /Pages 2 0 R >>",
         b"<< /Type /Pages /Kids [] /Count 0 >>",
     ]
-    return _assemble(objects)
+    return assemble_pdf(objects)
 
 
 def huge_page_pdf(doc_id: int = 1, side: float = 14400.0) -> bytes:
@@ -249,7 +249,7 @@ def malformed_objects_pdf(kind: str = "bad_xref", doc_id: int = 1) -> bytes:
     raise ValueError(f"unknown kind {kind!r}")
 
 
-def _assemble(objects: Sequence[bytes]) -> bytes:
+def assemble_pdf(objects: Sequence[bytes]) -> bytes:
     """A minimal PDF file around numbered objects (object 1 is the catalog)."""
     out = bytearray(b"%PDF-1.4\n")
     offsets = []

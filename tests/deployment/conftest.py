@@ -1,4 +1,4 @@
-"""The deployment tier: one real Airflow deployment (see ``harness``), shared by the tests of this folder.
+"""The deployment tier: one real Airflow deployment (``olmocr_tasks.testing.cluster``), shared by this folder.
 
 Starting it costs one to three minutes on a loaded 2-core machine, so it is started once; it is
 package-scoped, so it stops as soon as the last test here has run instead of idling through the

@@ -16,7 +16,7 @@ from olmocr_tasks.testing.bucket import Bucket
 from olmocr_tasks.testing.cluster import Deployment
 from tests.deployment.browser import log_in
 from tests.deployment.published import converted, sources
-from tests.test_plugin_browser import SCREENSHOTS
+from tests.fixtures.browser import SCREENSHOTS
 
 pytestmark = [pytest.mark.deployment, pytest.mark.browser, pytest.mark.timeout(1500)]
 

@@ -19,7 +19,7 @@ import pytest
 from olmocr_tasks.testing.bucket import Bucket
 from olmocr_tasks.testing.cluster import Deployment, wait_until
 from tests.deployment.published import converted, documents, sources, statuses
-from tests.deployment.test_events import s3_notification
+from tests.fixtures.s3 import s3_notification
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(900)]
 

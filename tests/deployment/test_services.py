@@ -1,4 +1,4 @@
-"""The throwaway PostgreSQL and Redis the harness starts on a machine where none answers on 127.0.0.1.
+"""The throwaway PostgreSQL and Redis ``olmocr_tasks.testing.cluster`` starts where none answers on 127.0.0.1.
 
 CI's machines and this one run both servers, so the tier normally uses them; this test forces the
 other path, so a fresh machine (where ``make test`` installs Debian's postgresql and redis-server)
