@@ -18,7 +18,7 @@ from tests.fixtures.asgi import served
 from tests.fixtures.browser import SCREENSHOTS
 from tests.fixtures.ocr_runs import CLEAN_RUN, DEAD_LETTER_RUN, XSS, RealRuns, copy_output
 
-# tests.test_plugin_app has put plugins/ on sys.path.
+# tests.fixtures.ocr_runs has put plugins/ on sys.path.
 from olmocr_runs import create_app  # isort: skip
 
 pytestmark = pytest.mark.browser
