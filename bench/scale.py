@@ -30,6 +30,7 @@ from bench.common import CPU_BOUND, MODEL, RESULTS_DIR, VENV_BIN, fresh_dir, sta
 from bench.measure import run_measured
 from olmocr_tasks.layout import SHARD_SUFFIX, OutputLocation, shards_folder
 from olmocr_tasks.manifest_reader import open_manifest
+from olmocr_tasks.testing.pdfgen import assemble_pdf
 
 RESULT_FILE = RESULTS_DIR / "scale.jsonl"
 NEW_DOCUMENTS = 20
@@ -54,17 +55,7 @@ def one_page_pdf(doc_id: int) -> bytes:
         b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream),
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
     ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref_at = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    for offset in offsets:
-        out += b"%010d 00000 n \n" % offset
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref_at)
-    return bytes(out)
+    return assemble_pdf(objects)
 
 
 def write_corpus(folder: Path, start: int, count: int) -> None:

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 _REDACTED = "***"
@@ -33,6 +34,48 @@ def redact_text(text: str, secrets: list[str | None]) -> str:
 
 
 _BEARER = re.compile(r"Bearer\s+[A-Za-z0-9._~+/=-]+")
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+
+
+def redact_urls(text: str) -> str:
+    """Drop the user-info part (user and password) of every URL inside a text, such as an error message."""
+    return _URL_USERINFO.sub(rf"\g<scheme>{_REDACTED}@", text)
+
+
+# Parts of a field name that mark its value as secret; matched against whole parts of the name so
+# ``max_tokens`` stays visible while ``api_key``, ``aws_session_token`` and s3fs's ``key`` /
+# ``username`` (the access key id) do not.
+SECRET_NAME_PARTS = frozenset(
+    {"key", "apikey", "token", "secret", "password", "passwd", "credentials", "authorization", "username"}
+)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a field called ``name`` holds a secret (``*_set`` flags only say whether one is configured)."""
+    lowered = name.lower()
+    return bool(set(lowered.replace("-", "_").split("_")) & SECRET_NAME_PARTS) and not lowered.endswith("_set")
+
+
+def secret_values(fields: Mapping[str, Any]) -> list[str]:
+    """The values of every secret-named field in ``fields`` and the mappings nested in it (storage options)."""
+    found: list[str] = []
+    for name, value in fields.items():
+        if isinstance(value, Mapping):
+            found += secret_values(value)
+        elif value and is_secret_name(str(name)):
+            found.append(str(value))
+    return found
+
+
+def redact_fields(value: Any) -> Any:
+    """A copy without the values of secret-named fields and without passwords embedded in URLs."""
+    if isinstance(value, Mapping):
+        return {name: _REDACTED if is_secret_name(str(name)) else redact_fields(item) for name, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_fields(item) for item in value]
+    if isinstance(value, str) and "://" in value and "@" in value:
+        return redact_url(value)
+    return value
 
 
 # Credentials a process may hold in its environment that libraries can end up logging: botocore logs

@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -44,7 +43,7 @@ from tenacity import (
 )
 
 from olmocr_tasks.errors import StorageError, UnreadableSourceError
-from olmocr_tasks.redaction import redact_text, redact_url
+from olmocr_tasks.redaction import environment_secrets, redact_text, redact_url, redact_urls, secret_values
 from olmocr_tasks.storage_backends import TEMP_SUFFIX, Backend, ObjectInfo
 from olmocr_tasks.storage_backends.failures import classify, is_transient, server_message
 from olmocr_tasks.storage_backends.local import LocalBackend
@@ -58,7 +57,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
 # Operations on a document's source, where "missing" or "forbidden" fails only that document.
 _SOURCE_OPS = frozenset({"read", "download", "stat"})
 # The kinds of storage request a ``RequestCounter`` tells apart (a download is a read, a HEAD a stat).
@@ -312,10 +310,5 @@ class Storage:
         return StorageError(message)
 
     def _scrub(self, text: str) -> str:
-        client_kwargs = self._options.get("client_kwargs") or {}
-        known = [self._options.get(name) for name in ("key", "secret", "token", "username", "password")] + [
-            client_kwargs.get(name) for name in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
-        ]
-        known += [os.environ.get(name) for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")]
-        text = redact_text(text, [str(value) for value in known if value])
-        return _URL_USERINFO.sub(r"\g<scheme>***@", text)
+        known: list[str | None] = [*secret_values(self._options), *environment_secrets()]
+        return redact_urls(redact_text(text, known))

@@ -13,11 +13,11 @@ interpreter (``--olmocr-side``), where only olmOCR's own functions answer:
   cut off, over the context, without usage, malformed);
 * what its parser makes of an answer: ``FrontMatterParser(front_matter_class=PageResponse)``;
 * its retry ladder: ``olmocr.pipeline.process_page`` for a few pages against the vLLM stand-in
-  (``tests/standin``, started here) with per-page fault scripts; the stand-in's log gives the
+  (``olmocr_tasks/testing/standin``, started here) with per-page fault scripts; the stand-in's log gives the
   temperature and image orientation of every attempt, ``process_page`` the page it settled on.
 
 Back in the project venv the page images are reduced to their size and the page marker they show
-(``tests.page_marker``), since our renderer (PDFium) and olmOCR's (poppler) differ in pixels, and
+(``olmocr_tasks.testing.page_marker``), since our renderer (PDFium) and olmOCR's (poppler) differ in pixels, and
 everything lands in ``tests/fixtures/golden/``. ``tests/test_protocol.py`` compares our request bodies
 and our parse results with these fixtures field by field. No olmOCR code is copied here: the
 olmOCR side only calls olmOCR.
@@ -44,7 +44,7 @@ ODD_MODEL = 'odd "model"\\name-\u00e9\u4e2d'
 API_KEY = "golden-test-key"
 TARGET_DIM = 1288
 
-# name -> how tests.pdfgen makes it (function, keyword arguments). The bytes are committed, so the
+# name -> how olmocr_tasks.testing.pdfgen makes it (function, keyword arguments). The bytes are committed, so the
 # test renders exactly what olmOCR rendered.
 PDFS: dict[str, tuple[str, dict[str, Any]]] = {
     "letter_2p.pdf": ("text_pdf", {"pages": 2, "doc_id": 71}),
@@ -54,7 +54,7 @@ PDFS: dict[str, tuple[str, dict[str, Any]]] = {
     "rotate90_2p.pdf": ("rotated_pdf", {"rotate": 90, "pages": 2, "doc_id": 75}),
 }
 
-# The retry ladder, page by page: olmOCR's process_page against the vLLM stand-in (tests/standin), whose
+# The retry ladder, page by page: olmOCR's process_page against the vLLM stand-in (olmocr_tasks/testing/standin), whose
 # answers follow the page marker it sees (a sideways page makes it report the rotation) and, per page,
 # a script of faults for successive requests. name -> (pdf, page, doc id, script).
 LADDER: dict[str, tuple[str, int, int, list[str]]] = {
@@ -346,7 +346,7 @@ def _image_facts(body: str) -> tuple[str, dict[str, Any]]:
 
     from PIL import Image
 
-    from tests.page_marker import read_marker
+    from olmocr_tasks.testing.page_marker import read_marker
 
     prefix = '"data:image/png;base64,'
     start = body.index(prefix) + len(prefix)
@@ -384,7 +384,7 @@ def ladder_requests(records: list[dict[str, Any]]) -> dict[str, list[dict[str, A
 
 
 def _write_pdfs(folder: Path) -> None:
-    from tests import pdfgen
+    from olmocr_tasks.testing import pdfgen
 
     for name, (function, kwargs) in PDFS.items():
         pdfgen.write_pdf(folder / name, getattr(pdfgen, function)(**kwargs))
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     pdf_dir = GOLDEN_DIR / "pdfs"
     if not options.keep_pdfs:
         _write_pdfs(pdf_dir)
-    from tests.fixtures.standin import start_standin_process
+    from olmocr_tasks.testing.standin.process import start_standin_process
 
     with start_standin_process(model=DEFAULT_MODEL, scripts=ladder_scripts()) as standin:
         spec = {
@@ -449,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         "image_placeholder": IMAGE_PLACEHOLDER,
         "target_longest_image_dim": TARGET_DIM,
         "pdfs": {
-            name: {"made_by": f"tests.pdfgen.{make}", "arguments": kwargs} for name, (make, kwargs) in PDFS.items()
+            name: {"made_by": f"olmocr_tasks.testing.pdfgen.{make}", "arguments": kwargs}
+            for name, (make, kwargs) in PDFS.items()
         },
         **golden,
     }

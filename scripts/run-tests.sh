@@ -3,7 +3,7 @@
 # must run in one process and in order) as a pytest process of its own, started first, its output in
 # test-output/tiers/<tier>.log (printed at the end); the rest of the suite at the same time in the
 # foreground, on $TEST_WORKERS pytest-xdist processes, then each tier named in $LATER_TIERS in the
-# foreground, one pytest process each. Afterwards tests/tier_record.py checks that each
+# foreground, one pytest process each. Afterwards olmocr_tasks/testing/tier_record.py checks that each
 # tier ran in one process and started its deployment at most once. Arguments go to every pytest
 # process (paths, -k, -p no:randomly ...); a process they select nothing in counts as passed.
 set -u
@@ -52,7 +52,7 @@ for index in "${!tiers[@]}"; do
   passed $tier_status || status=$tier_status
 done
 
-"$python" -m tests.tier_record "$OLMOCR_TIER_RECORD" || { [ $status -ne 0 ] || status=1; }
+"$python" -m olmocr_tasks.testing.tier_record "$OLMOCR_TIER_RECORD" || { [ $status -ne 0 ] || status=1; }
 if [ "$ran_any" = 0 ]; then
   echo "make test: no test selected" >&2
   exit 5

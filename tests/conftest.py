@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import tier_record
+from olmocr_tasks.testing import tier_record
 
 pytest_plugins = [
     "tests.fixtures.pdfs",
@@ -15,6 +15,8 @@ pytest_plugins = [
     "tests.fixtures.s3",
     "tests.fixtures.airflow",
     "tests.fixtures.browser",
+    "tests.fixtures.ocr_runs",
+    "tests.fixtures.ports",
 ]
 
 # Tiers whose tests share one package-scoped deployment: they must all run in one process, in order.

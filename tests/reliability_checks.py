@@ -31,7 +31,7 @@ from olmocr_tasks.config import ConversionSettings, DocumentLimits, PageSettings
 from olmocr_tasks.manifest import Manifest
 from olmocr_tasks.manifest_reader import ManifestReader
 from olmocr_tasks.storage import TEMP_SUFFIX, Storage
-from tests import pdfgen
+from olmocr_tasks.testing import pdfgen
 
 ANSWER = re.compile(r"Stand-in transcription of document (\d+) page (\d+)\.")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -203,6 +203,10 @@ def temp_files(folder: Path) -> list[Path]:
 
 
 # --------------------------------------------------------------------------------------- processes
+
+
+# Seconds instead of minutes for the CLI's server timeouts, so failure paths end quickly.
+FAST_CLI = ["--read-timeout", "5", "--outage-window", "3", "--ready-timeout", "3"]
 
 
 def cli_command(*args: str) -> list[str]:

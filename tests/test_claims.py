@@ -21,9 +21,9 @@ from olmocr_tasks.ledger import Ledger
 from olmocr_tasks.pipeline import RunRequest, run_conversion
 from olmocr_tasks.retention import clean_output
 from olmocr_tasks.storage import ObjectInfo, Storage
-from tests import pdfgen
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
 from tests.reliability_checks import quick_settings
-from tests.standin.server import StandinServer
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
 EXPIRY = 60.0

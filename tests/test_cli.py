@@ -3,37 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import boto3
 import pytest
 
 from olmocr_tasks.manifest_reader import load_whole
-from tests import pdfgen
-from tests.standin.server import StandinServer
-
-FAST = ["--read-timeout", "5", "--outage-window", "3", "--ready-timeout", "3"]
-
-
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "olmocr_tasks.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
+from tests.reliability_checks import FAST_CLI, run_cli
 
 
 def test_converts_a_folder_exit_0_then_nothing_to_do(tmp_path: Path, standin: StandinServer) -> None:
     pdfgen.write_pdf(tmp_path / "in" / "a.pdf", pdfgen.text_pdf(2, doc_id=1))
     pdfgen.write_pdf(tmp_path / "in" / "deep" / "B.Pdf", pdfgen.text_pdf(1, doc_id=2))
     out = tmp_path / "out"
-    first = cli("convert", str(tmp_path / "in"), str(out), "--server", standin.url, "--run-id", "first", *FAST)
+    first = run_cli("convert", str(tmp_path / "in"), str(out), "--server", standin.url, "--run-id", "first", *FAST_CLI)
     assert first.returncode == 0, first.stderr
     assert "converted 2, failed 0" in first.stdout
     assert (out / "markdown" / "a.md").is_file() and (out / "markdown" / "deep" / "B.md").is_file()
@@ -43,14 +28,14 @@ def test_converts_a_folder_exit_0_then_nothing_to_do(tmp_path: Path, standin: St
     assert "converting " in first.stderr and "finished: documents 2/2" in first.stderr
     assert "HTTP Request" not in first.stderr
 
-    second = cli("convert", str(tmp_path / "in"), str(out), "--server", standin.url, *FAST)
+    second = run_cli("convert", str(tmp_path / "in"), str(out), "--server", standin.url, *FAST_CLI)
     assert second.returncode == 0
     assert "converted 0, failed 0, skipped 0, already converted 2" in second.stdout
 
 
 def test_single_file_and_no_markdown(tmp_path: Path, standin: StandinServer) -> None:
     pdf = pdfgen.write_pdf(tmp_path / "one.pdf", pdfgen.text_pdf(1, doc_id=3))
-    result = cli("convert", str(pdf), str(tmp_path / "out"), "--server", standin.url, "--no-markdown", *FAST)
+    result = run_cli("convert", str(pdf), str(tmp_path / "out"), "--server", standin.url, "--no-markdown", *FAST_CLI)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out" / "dolma" / "one.jsonl").is_file()
     assert not (tmp_path / "out" / "markdown").exists()
@@ -59,7 +44,7 @@ def test_single_file_and_no_markdown(tmp_path: Path, standin: StandinServer) -> 
 def test_failed_documents_exit_1_and_are_listed(tmp_path: Path, standin: StandinServer) -> None:
     pdfgen.write_pdf(tmp_path / "in" / "good.pdf", pdfgen.text_pdf(1, doc_id=1))
     pdfgen.write_pdf(tmp_path / "in" / "locked.pdf", pdfgen.encrypted_pdf())
-    result = cli("convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, *FAST)
+    result = run_cli("convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, *FAST_CLI)
     assert result.returncode == 1
     assert "locked.pdf: encrypted" in result.stdout and "converted 1, failed 1" in result.stdout
 
@@ -74,12 +59,12 @@ def test_failed_documents_exit_1_and_are_listed(tmp_path: Path, standin: Standin
 )
 def test_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     (tmp_path / "in").mkdir()
-    result = cli("convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", "http://127.0.0.1:9/v1", *args)
+    result = run_cli("convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", "http://127.0.0.1:9/v1", *args)
     assert result.returncode == 2 and message in result.stderr
 
 
 def test_missing_input_is_a_usage_error(tmp_path: Path) -> None:
-    result = cli("convert", str(tmp_path / "nope"), str(tmp_path / "out"), "--server", "http://127.0.0.1:9/v1")
+    result = run_cli("convert", str(tmp_path / "nope"), str(tmp_path / "out"), "--server", "http://127.0.0.1:9/v1")
     assert result.returncode == 2 and "does not exist" in result.stderr
 
 
@@ -88,19 +73,19 @@ def test_server_unavailable_exit_3_and_the_api_key_never_printed(tmp_path: Path,
     standin.configure(api_key=secret)
     pdfgen.write_pdf(tmp_path / "in" / "a.pdf", pdfgen.text_pdf(1, doc_id=1))
     env = {"OLMOCR_TEST_KEY": secret}
-    ok = cli(
+    ok = run_cli(
         "--log-level", "DEBUG", "convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url,
-        "--api-key-env", "OLMOCR_TEST_KEY", *FAST, env=env,
+        "--api-key-env", "OLMOCR_TEST_KEY", *FAST_CLI, env=env,
     )  # fmt: skip
     assert ok.returncode == 0, ok.stderr
-    wrong = cli(
-        "convert", str(tmp_path / "in"), str(tmp_path / "out2"), "--server", standin.url, *FAST,
+    wrong = run_cli(
+        "convert", str(tmp_path / "in"), str(tmp_path / "out2"), "--server", standin.url, *FAST_CLI,
     )  # fmt: skip
     assert wrong.returncode == 3 and "401" in wrong.stderr
     standin.refuse_for(None)
-    down = cli(
+    down = run_cli(
         "convert", str(tmp_path / "in"), str(tmp_path / "out3"), "--server", standin.url,
-        "--api-key-env", "OLMOCR_TEST_KEY", *FAST, env=env,
+        "--api-key-env", "OLMOCR_TEST_KEY", *FAST_CLI, env=env,
     )  # fmt: skip
     assert down.returncode == 3 and "unavailable" in down.stderr
     for result in (ok, wrong, down):
@@ -115,9 +100,9 @@ def test_s3_input_and_output(s3_env: str, s3_bucket: str, tmp_path: Path, standi
     client.put_object(Bucket=s3_bucket, Key="inbox/a b.pdf", Body=pdfgen.text_pdf(2, doc_id=1))
     client.put_object(Bucket=s3_bucket, Key="inbox/x/Y.PDF", Body=pdfgen.text_pdf(1, doc_id=2))
     client.put_object(Bucket=s3_bucket, Key="inbox/notes.txt", Body=b"not a pdf, not discovered")
-    result = cli(
+    result = run_cli(
         "convert", f"s3://{s3_bucket}/inbox/", f"s3://{s3_bucket}/out", "--server", standin.url,
-        "--run-id", "s3run", *FAST,
+        "--run-id", "s3run", *FAST_CLI,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     keys = {item["Key"] for item in client.list_objects_v2(Bucket=s3_bucket, Prefix="out/")["Contents"]}
@@ -128,9 +113,9 @@ def test_s3_input_and_output(s3_env: str, s3_bucket: str, tmp_path: Path, standi
 
 def test_engine_tuning_flags_reach_the_run(tmp_path: Path, standin: StandinServer) -> None:
     pdfgen.write_pdf(tmp_path / "in" / "a.pdf", pdfgen.text_pdf(3, doc_id=1))
-    result = cli(
+    result = run_cli(
         "convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, "--run-id", "tuned",
-        "--no-adaptive-concurrency", "--render-workers", "2", "--max-concurrent-requests", "5", *FAST,
+        "--no-adaptive-concurrency", "--render-workers", "2", "--max-concurrent-requests", "5", *FAST_CLI,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     settings = json.loads((tmp_path / "out" / "manifests" / "tuned.json").read_text())["settings"]
@@ -147,7 +132,7 @@ def test_hedge_flags_reach_the_run_and_a_hung_page_is_answered_by_its_hedge(
     # answers long before the read timeout would.
     standin.configure(scripts={"1:25": ["hang"]})
     pdfgen.write_pdf(tmp_path / "in" / "long.pdf", pdfgen.text_pdf(25, doc_id=1))
-    result = cli(
+    result = run_cli(
         "convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, "--run-id", "hedged",
         "--hedge-min-delay", "0.2", "--hedge-multiple", "2.5", "--read-timeout", "60", "--outage-window", "60",
         "--ready-timeout", "5", "--max-concurrent-requests", "8",
@@ -159,9 +144,9 @@ def test_hedge_flags_reach_the_run_and_a_hung_page_is_answered_by_its_hedge(
     assert manifest["counts"]["hedged"] == 1 and manifest["documents"][0]["hedged"] == 1
     assert manifest["documents"][0]["attempts"] == 25 and manifest["counts"]["fallback_pages"] == 0
 
-    switched_off = cli(
+    switched_off = run_cli(
         "convert", str(tmp_path / "in"), str(tmp_path / "out2"), "--server", standin.url, "--run-id", "off",
-        "--no-hedging", "--max-documents", "1", *FAST,
+        "--no-hedging", "--max-documents", "1", *FAST_CLI,
     )  # fmt: skip
     assert switched_off.returncode == 0, switched_off.stderr
     off = load_whole(str(tmp_path / "out2" / "manifests" / "off.json"))
@@ -184,7 +169,7 @@ def test_default_run_ids_are_unique_within_a_second_and_sort_by_start_time() -> 
 def test_two_cli_runs_without_a_run_id_keep_both_manifests(tmp_path: Path, standin: StandinServer) -> None:
     pdfgen.write_pdf(tmp_path / "in" / "a.pdf", pdfgen.text_pdf(1, doc_id=1))
     for _ in range(2):
-        result = cli("convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, *FAST)
+        result = run_cli("convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, *FAST_CLI)
         assert result.returncode == 0, result.stderr
     manifests = [json.loads(path.read_text()) for path in (tmp_path / "out" / "manifests").glob("cli-*.json")]
     assert len(manifests) == 2

@@ -9,8 +9,8 @@ from olmocr_tasks.config import ConversionSettings, ServerSettings
 from olmocr_tasks.manifest import DocumentEntry
 from olmocr_tasks.pipeline import RunRequest, cli_batch_key, convert_batch, plan_run, run_conversion
 from olmocr_tasks.storage import Storage
-from tests import pdfgen
-from tests.standin.server import StandinServer
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
 
 
 def _request(inbox: Path, output: Path, standin: StandinServer) -> RunRequest:

@@ -4,11 +4,10 @@ server where the exact request on the wire matters."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -19,63 +18,26 @@ from olmocr_tasks.config import PageSettings, ServerSettings
 from olmocr_tasks.errors import AttemptFailed, ConfigurationError, ServerNotReady, ServerUnavailable
 from olmocr_tasks.pages import PageConverter
 from olmocr_tasks.protocol import RequestBodyBuilder
-from tests.fixtures.standin import StandinServer, marked_png
+from tests.fixtures.client import (
+    Factory,
+    content_of,
+    fast_server_settings,
+    marked_png_base64,
+    page_body,
+    requests_for,
+    run,
+)
+from tests.fixtures.standin import StandinServer
 
 pytestmark = pytest.mark.timeout(60)
 
-T = TypeVar("T")
 SECRET = "sk-test-0123456789abcdef"
-Factory = Callable[..., StandinServer]
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def bounded() -> T:
-        return await asyncio.wait_for(coro, 45)
-
-    return asyncio.run(bounded())
 
 
 async def _until(condition: Callable[[], bool]) -> None:
     """Wait for ``condition`` (``run``'s 45-s guard catches one that never comes)."""
     while not condition():
         await asyncio.sleep(0.01)
-
-
-def fast_settings(*servers: StandinServer | str, **overrides: Any) -> ServerSettings:
-    """Seconds instead of minutes everywhere, so failure paths run quickly."""
-    urls = tuple(server if isinstance(server, str) else server.url for server in servers)
-    values: dict[str, Any] = {
-        "base_urls": urls,
-        "connect_timeout_s": 1.0,
-        "read_timeout_s": 3.0,
-        "write_timeout_s": 3.0,
-        "request_retry_budget_s": 1.0,
-        "backoff_initial_s": 0.02,
-        "backoff_max_s": 0.2,
-        "outage_window_s": 5.0,
-        "max_concurrent_requests": 16,
-        "adaptive_concurrency": False,
-        "readiness_timeout_s": 2.0,
-        "metrics_poll_interval_s": 0.1,
-    }
-    values.update(overrides)
-    return ServerSettings(**values)
-
-
-_BUILDER = RequestBodyBuilder(ServerSettings().connection.model)
-
-
-@functools.cache
-def _marked(doc: int, page: int) -> bytes:
-    return marked_png(doc, page, as_base64=True)
-
-
-def page_body(doc: int = 1, page: int = 1, builder: RequestBodyBuilder = _BUILDER) -> bytes:
-    return builder.build(_marked(doc, page), 0.1)
-
-
-def content_of(answer: dict[str, Any]) -> str:
-    return answer["choices"][0]["message"]["content"]
 
 
 class RecordingSleep:
@@ -140,7 +102,7 @@ def test_success_sends_body_bytes_untouched_with_bearer_key() -> None:
 
     async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]]]:
         async with CaptureServer() as server:
-            async with InferenceClient(fast_settings(server.url, api_key=SECRET)) as client:
+            async with InferenceClient(fast_server_settings(server.url, api_key=SECRET)) as client:
                 answer = await client.complete(body)
             return answer, server.seen
 
@@ -161,7 +123,7 @@ def test_success_against_standin_names_the_page(standin_factory: Factory) -> Non
     body = page_body(4, 2)
 
     async def scenario() -> tuple[dict[str, Any], Any]:
-        async with InferenceClient(fast_settings(server, api_key=SECRET)) as client:
+        async with InferenceClient(fast_server_settings(server, api_key=SECRET)) as client:
             models = await client.check_ready()
             assert models == [server.model]
             answer = await client.complete(body)
@@ -183,7 +145,7 @@ def test_500_503_429_and_drop_are_retried_until_success(standin_factory: Factory
     sleep = RecordingSleep()
 
     async def scenario() -> tuple[dict[str, Any], Any]:
-        settings = fast_settings(server, backoff_max_s=2.0, request_retry_budget_s=10)
+        settings = fast_server_settings(server, backoff_max_s=2.0, request_retry_budget_s=10)
         async with InferenceClient(settings, sleep=sleep) as client:
             answer = await client.complete(page_body(1, 1))
             return answer, client.stats()
@@ -205,7 +167,7 @@ def test_retry_after_is_capped_by_backoff_max(standin_factory: Factory) -> None:
     sleep = RecordingSleep()
 
     async def scenario() -> None:
-        async with InferenceClient(fast_settings(server, backoff_max_s=0.3), sleep=sleep) as client:
+        async with InferenceClient(fast_server_settings(server, backoff_max_s=0.3), sleep=sleep) as client:
             await client.complete(page_body(1, 1))
 
     run(scenario())
@@ -217,7 +179,8 @@ def test_hang_hits_read_timeout_and_is_retried(standin_factory: Factory) -> None
     server = standin_factory(scripts={"1:1": ["hang", "ok"]})
 
     async def scenario() -> tuple[float, Any]:
-        async with InferenceClient(fast_settings(server, read_timeout_s=0.5, request_retry_budget_s=5)) as client:
+        settings = fast_server_settings(server, read_timeout_s=0.5, request_retry_budget_s=5)
+        async with InferenceClient(settings) as client:
             started = time.monotonic()
             await client.complete(page_body(1, 1))
             return time.monotonic() - started, client.stats()
@@ -241,7 +204,7 @@ def test_hang_hits_read_timeout_and_is_retried(standin_factory: Factory) -> None
 )
 def test_4xx_is_one_failed_attempt_at_once(standin: StandinServer, builder: RequestBodyBuilder, status: str) -> None:
     async def scenario() -> AttemptFailed:
-        async with InferenceClient(fast_settings(standin)) as client:
+        async with InferenceClient(fast_server_settings(standin)) as client:
             with pytest.raises(AttemptFailed) as caught:
                 await client.complete(page_body(1, 1, builder))
             return caught.value
@@ -255,7 +218,7 @@ def test_200_with_broken_json_is_a_failed_attempt(standin_factory: Factory) -> N
     server = standin_factory(scripts={"1:1": ["bad_json"]})
 
     async def scenario() -> None:
-        async with InferenceClient(fast_settings(server)) as client:
+        async with InferenceClient(fast_server_settings(server)) as client:
             with pytest.raises(AttemptFailed, match="not JSON"):
                 await client.complete(page_body(1, 1))
 
@@ -267,7 +230,7 @@ def test_wrong_api_key_raises_server_not_ready_without_the_key(standin_factory: 
     server = standin_factory(api_key="the-right-key-123")
 
     async def scenario() -> None:
-        async with InferenceClient(fast_settings(server, api_key=SECRET)) as client:
+        async with InferenceClient(fast_server_settings(server, api_key=SECRET)) as client:
             with pytest.raises(ServerNotReady) as caught:
                 await client.complete(page_body(1, 1))
             assert "401" in str(caught.value) and "API key" in str(caught.value)
@@ -282,7 +245,7 @@ def test_budget_spent_on_one_failing_request_while_others_succeed(standin_factor
     server = standin_factory(always={"1:1": "500"}, latency_s=0.02)
 
     async def scenario() -> tuple[AttemptFailed, int, Any]:
-        async with InferenceClient(fast_settings(server, request_retry_budget_s=0.8)) as client:
+        async with InferenceClient(fast_server_settings(server, request_retry_budget_s=0.8)) as client:
             done = asyncio.Event()
             succeeded = 0
 
@@ -326,7 +289,7 @@ def test_outage_longer_than_window_aborts_every_pending_call_promptly(standin_fa
     async def scenario() -> tuple[list[BaseException | dict[str, Any]], float, Any]:
         # Budget far below the window, backoff sleeps far above it: calls must neither give up as
         # failed attempts nor sleep past the moment the breaker opens.
-        settings = fast_settings(
+        settings = fast_server_settings(
             server, outage_window_s=window, request_retry_budget_s=0.2, backoff_initial_s=1.0, backoff_max_s=10.0
         )
         async with InferenceClient(settings, sleep=sleep) as client:
@@ -362,7 +325,7 @@ def test_callers_queued_for_a_slot_learn_of_the_outage_before_rendering(standin_
     server = standin_factory()
 
     async def scenario() -> tuple[list[BaseException | None], int]:
-        settings = fast_settings(server, outage_window_s=0.8, max_concurrent_requests=2)
+        settings = fast_server_settings(server, outage_window_s=0.8, max_concurrent_requests=2)
         async with InferenceClient(settings) as client:
             server.refuse_for(None)
             rendered = 0
@@ -383,14 +346,14 @@ def test_callers_queued_for_a_slot_learn_of_the_outage_before_rendering(standin_
 
 def test_bad_base_url_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="http"):
-        InferenceClient(fast_settings("localhost:8000/v1"))
+        InferenceClient(fast_server_settings("localhost:8000/v1"))
 
 
 def test_outage_shorter_than_window_is_ridden_out(standin_factory: Factory) -> None:
     server = standin_factory(latency_s=0.02)
 
     async def scenario() -> tuple[list[dict[str, Any]], Any]:
-        settings = fast_settings(server, outage_window_s=4.0, request_retry_budget_s=0.3, backoff_max_s=0.3)
+        settings = fast_server_settings(server, outage_window_s=4.0, request_retry_budget_s=0.3, backoff_max_s=0.3)
         async with InferenceClient(settings) as client:
             server.refuse_for(1.2)
             answers = await asyncio.gather(*(client.complete(page_body(1, page)) for page in range(1, 9)))
@@ -406,7 +369,7 @@ def test_stalled_server_opens_breaker_after_window(standin_factory: Factory) -> 
     server = standin_factory()
 
     async def scenario() -> tuple[list[BaseException | dict[str, Any]], float]:
-        settings = fast_settings(server, outage_window_s=1.5, read_timeout_s=0.4, request_retry_budget_s=0.2)
+        settings = fast_server_settings(server, outage_window_s=1.5, read_timeout_s=0.4, request_retry_budget_s=0.2)
         async with InferenceClient(settings) as client:
             server.stall_for(None)
             started = time.monotonic()
@@ -428,7 +391,7 @@ def test_abandoned_failing_call_does_not_open_breaker_later(standin_factory: Fac
     server = standin_factory()
 
     async def scenario() -> dict[str, Any]:
-        settings = fast_settings(server, outage_window_s=1.0)
+        settings = fast_server_settings(server, outage_window_s=1.0)
         async with InferenceClient(settings) as client:
             server.refuse_for(None)
             pending = asyncio.ensure_future(client.complete(page_body(1, 1)))
@@ -449,7 +412,7 @@ def test_outage_message_carries_no_credentials(standin_factory: Factory) -> None
     url = server.url.replace("http://", "http://reader:url-password-42@")
 
     async def scenario() -> None:
-        async with InferenceClient(fast_settings(url, api_key=SECRET, outage_window_s=0.5)) as client:
+        async with InferenceClient(fast_server_settings(url, api_key=SECRET, outage_window_s=0.5)) as client:
             server.refuse_for(None)
             with pytest.raises(ServerUnavailable) as caught:
                 await client.complete(page_body(1, 1))
@@ -467,7 +430,7 @@ def test_readiness_waits_for_a_starting_server(standin_factory: Factory) -> None
     server = standin_factory()
 
     async def scenario() -> list[str]:
-        async with InferenceClient(fast_settings(server, readiness_timeout_s=5.0)) as client:
+        async with InferenceClient(fast_server_settings(server, readiness_timeout_s=5.0)) as client:
             server.refuse_for(1.0)
             return await client.check_ready()
 
@@ -479,7 +442,7 @@ def test_readiness_reports_unreachable_server(standin_factory: Factory) -> None:
     server.refuse_for(None)
 
     async def scenario() -> None:
-        async with InferenceClient(fast_settings(server, readiness_timeout_s=0.5)) as client:
+        async with InferenceClient(fast_server_settings(server, readiness_timeout_s=0.5)) as client:
             with pytest.raises(ServerNotReady) as caught:
                 await client.check_ready()
             message = str(caught.value)
@@ -492,7 +455,7 @@ def test_readiness_reports_the_models_served(standin_factory: Factory) -> None:
     server = standin_factory(model="someone/else-7B")
 
     async def scenario() -> None:
-        async with InferenceClient(fast_settings(server, readiness_timeout_s=5.0)) as client:
+        async with InferenceClient(fast_server_settings(server, readiness_timeout_s=5.0)) as client:
             with pytest.raises(ServerNotReady) as caught:
                 await client.check_ready()
             assert server.stats()["endpoint_hits"]["/v1/models"] == 1  # a configuration error is not waited out
@@ -507,7 +470,7 @@ def test_readiness_reports_a_bad_api_key(standin_factory: Factory) -> None:
     server = standin_factory(api_key="the-right-key-123")
 
     async def scenario() -> None:
-        async with InferenceClient(fast_settings(server, api_key=SECRET)) as client:
+        async with InferenceClient(fast_server_settings(server, api_key=SECRET)) as client:
             with pytest.raises(ServerNotReady, match="API key") as caught:
                 await client.check_ready()
             assert SECRET not in str(caught.value) and "401" in str(caught.value)
@@ -522,7 +485,7 @@ def test_readiness_goes_on_with_the_replicas_that_are_up(
     down.refuse_for(None)
 
     async def scenario() -> tuple[list[str], Any]:
-        async with InferenceClient(fast_settings(up, down, readiness_timeout_s=0.5)) as client:
+        async with InferenceClient(fast_server_settings(up, down, readiness_timeout_s=0.5)) as client:
             models = await client.check_ready()
             await client.complete(page_body(1, 1))
             return models, client.stats()
@@ -541,7 +504,7 @@ def test_least_outstanding_favours_the_faster_replica(standin_factory: Factory) 
     fast, slow = standin_factory(latency_s=0.02), standin_factory(latency_s=0.25)
 
     async def scenario() -> Any:
-        async with InferenceClient(fast_settings(fast, slow, max_concurrent_requests=4)) as client:
+        async with InferenceClient(fast_server_settings(fast, slow, max_concurrent_requests=4)) as client:
             await asyncio.gather(*(client.complete(page_body(1, page)) for page in range(1, 41)))
             return client.stats()
 
@@ -555,7 +518,7 @@ def test_killed_replica_mid_run_costs_no_page(standin_factory: Factory) -> None:
     survivor, victim = standin_factory(latency_s=0.05), standin_factory(latency_s=0.05)
 
     async def scenario() -> tuple[list[dict[str, Any]], Any]:
-        async with InferenceClient(fast_settings(survivor, victim, max_concurrent_requests=8)) as client:
+        async with InferenceClient(fast_server_settings(survivor, victim, max_concurrent_requests=8)) as client:
 
             async def kill_after_some_work() -> None:
                 while client.stats().replicas[1].successes < 5:
@@ -603,7 +566,7 @@ def test_adaptive_window_grows_while_the_server_keeps_up(standin_factory: Factor
     server = standin_factory(capacity=64, latency_s=0.3, identify=False)
 
     async def scenario() -> tuple[list[int], Any]:
-        settings = fast_settings(server, adaptive_concurrency=True, max_concurrent_requests=32)
+        settings = fast_server_settings(server, adaptive_concurrency=True, max_concurrent_requests=32)
         async with InferenceClient(settings) as client:
             assert client.stats().window == 8
             windows = await _load(client, pages=160, callers=40)
@@ -621,7 +584,7 @@ def test_adaptive_window_shrinks_to_keep_the_queue_short(standin_factory: Factor
     server = standin_factory(capacity=2, latency_s=0.1, identify=False)
 
     async def scenario() -> tuple[list[int], Any]:
-        settings = fast_settings(
+        settings = fast_server_settings(
             server, adaptive_concurrency=True, max_concurrent_requests=64, min_concurrent_requests=2
         )
         async with InferenceClient(settings) as client:
@@ -644,7 +607,7 @@ def test_two_clients_sharing_a_server_converge_to_a_bounded_queue(standin_factor
     server = standin_factory(capacity=4, latency_s=0.1, identify=False)
 
     async def scenario() -> list[tuple[float, int]]:
-        settings = fast_settings(
+        settings = fast_server_settings(
             server, adaptive_concurrency=True, max_concurrent_requests=32, min_concurrent_requests=2
         )
         # Two clients stand for two DAG runs; with fixed windows they would queue 60 requests.
@@ -681,7 +644,7 @@ def test_metrics_absent_falls_back_to_fixed_window(standin_factory: Factory, cap
     server = standin_factory(metrics=False, identify=False)
 
     async def scenario() -> Any:
-        settings = fast_settings(server, adaptive_concurrency=True, max_concurrent_requests=12)
+        settings = fast_server_settings(server, adaptive_concurrency=True, max_concurrent_requests=12)
         async with InferenceClient(settings) as client:
             await _load(client, pages=20, callers=4)
             # The poller's first /metrics answer (404) is what switches the window to fixed.
@@ -700,7 +663,7 @@ def test_fixed_window_when_adaptive_is_off(standin_factory: Factory) -> None:
     server = standin_factory(capacity=64, latency_s=0.1, identify=False)
 
     async def scenario() -> Any:
-        async with InferenceClient(fast_settings(server, max_concurrent_requests=6)) as client:
+        async with InferenceClient(fast_server_settings(server, max_concurrent_requests=6)) as client:
             await _load(client, pages=30, callers=20)
             return client.stats()
 
@@ -721,7 +684,7 @@ def test_hung_requests_on_a_healthy_server_are_not_an_outage(standin_factory: Fa
     server = standin_factory(scripts=hung, latency_s=0.01)
 
     async def scenario() -> tuple[list[dict[str, Any]], Any]:
-        settings = fast_settings(
+        settings = fast_server_settings(
             server,
             outage_window_s=0.3,
             read_timeout_s=0.4,
@@ -746,7 +709,7 @@ def test_a_page_that_never_answers_on_a_healthy_server_costs_its_attempt_not_the
     server = standin_factory(always={"1:1": "hang"})
 
     async def scenario() -> tuple[AttemptFailed, Any]:
-        settings = fast_settings(
+        settings = fast_server_settings(
             server, outage_window_s=0.5, read_timeout_s=0.3, request_retry_budget_s=1.0, hedge_requests=False
         )
         async with InferenceClient(settings) as client:
@@ -769,14 +732,7 @@ def hedging_settings(server: StandinServer, **overrides: Any) -> ServerSettings:
         "outage_window_s": 60.0,
     }
     values.update(overrides)
-    return fast_settings(server, **values)
-
-
-def requests_for(server: StandinServer, doc: int, page: int) -> list[dict[str, Any]]:
-    def is_page(marker: dict[str, int] | None) -> bool:
-        return marker is not None and (marker["doc_id"], marker["page_number"]) == (doc, page)
-
-    return [record for record in server.requests() if is_page(record["marker"])]
+    return fast_server_settings(server, **values)
 
 
 async def _warm_up(client: InferenceClient, pages: int = 24) -> None:
@@ -862,7 +818,7 @@ class _MarkedPages:
     async def render_page(
         self, path: str, page_index: int, target_longest_image_dim: int = 1288, rotation: int = 0
     ) -> bytes:
-        return _marked(1, page_index + 1)
+        return marked_png_base64(1, page_index + 1)
 
     async def page_text(self, path: str, page_index: int) -> str:
         return ""

@@ -22,15 +22,16 @@ from olmocr_tasks.errors import ServerNotReady, ServerUnavailable
 from olmocr_tasks.manifest import Manifest
 from olmocr_tasks.pipeline import RunRequest, run_conversion
 from olmocr_tasks.storage import Storage
-from tests import pdfgen
-from tests.standin.server import StandinServer
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
+from tests.fixtures.client import fast_server_settings
 
 ANSWER = re.compile(r"Stand-in transcription of document (\d+) page (\d+)\.")
 
 
 def fast_settings(url: str, **overrides: object) -> ConversionSettings:
-    server = ServerSettings(
-        base_urls=(url,),
+    server = fast_server_settings(
+        url,
         read_timeout_s=5.0,
         connect_timeout_s=2.0,
         request_retry_budget_s=6.0,
@@ -39,6 +40,7 @@ def fast_settings(url: str, **overrides: object) -> ConversionSettings:
         outage_window_s=3.0,
         readiness_timeout_s=3.0,
         max_concurrent_requests=8,
+        adaptive_concurrency=True,
     )
     return ConversionSettings(server=server, **overrides)  # type: ignore[arg-type]
 

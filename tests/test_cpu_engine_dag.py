@@ -16,7 +16,7 @@ from olmocr_tasks.cpu_engine import start_cpu_engine_in_thread
 from olmocr_tasks.ledger import conversion_key
 from olmocr_tasks.manifest_reader import open_manifest
 from olmocr_tasks.protocol import PROMPT_VERSION
-from tests.airflow_env import REPO_ROOT, AirflowEnv, vllm_connection
+from olmocr_tasks.testing.airflow_env import REPO_ROOT, AirflowEnv, vllm_connection
 
 pytestmark = pytest.mark.slow
 

@@ -22,9 +22,9 @@ from olmocr_tasks.manifest import DocumentEntry, Manifest
 from olmocr_tasks.pipeline import RunRequest, run_conversion
 from olmocr_tasks.runs import RunFolder
 from olmocr_tasks.storage import Storage
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
 from olmocr_tasks.vllm_metrics import QueueSample, ServerMetrics, ServerSample, parse_vllm_sample, render_vllm_metrics
-from tests import pdfgen
-from tests.standin.server import StandinServer
 
 GPU_HOUR_PRICE = 3.6
 

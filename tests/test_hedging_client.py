@@ -12,7 +12,7 @@ import pytest
 from olmocr_tasks.client import InferenceClient
 from olmocr_tasks.config import DEFAULT_MODEL, ServerSettings
 from olmocr_tasks.hedging import MIN_SAMPLES
-from tests.test_client import Factory, content_of, page_body, requests_for, run
+from tests.fixtures.client import Factory, content_of, page_body, requests_for, run
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,8 +11,7 @@ from airflow.sdk import Connection
 from olmocr_tasks.config import DEFAULT_MODEL, ServerSettings
 from olmocr_tasks.errors import ConfigurationError, ServerNotReady
 from olmocr_tasks.provider.hooks import VllmHook, base_url, settings_from_connection
-from tests.ports import refusing_port
-from tests.standin.server import StandinServer
+from olmocr_tasks.testing.standin.server import StandinServer
 
 
 def connection(**fields: Any) -> Connection:
@@ -188,12 +186,6 @@ def test_wrong_model_is_reported_clearly(monkeypatch: pytest.MonkeyPatch, standi
     ok, message = VllmHook().test_connection()
     assert not ok
     assert "someone/else" in message
-
-
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    with refusing_port() as port:
-        yield port
 
 
 def test_unreachable_server_times_out_as_server_not_ready(monkeypatch: pytest.MonkeyPatch, closed_port: int) -> None:

@@ -21,11 +21,11 @@ import pytest
 
 from olmocr_tasks.lineage import Lineage, asset_uri, batch_lineage, manifest_lineage
 from olmocr_tasks.manifest_reader import load_whole
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.airflow_env import AirflowEnv
+from olmocr_tasks.testing.standin.server import StandinServer
 from olmocr_tasks.uri import local_path
-from tests import pdfgen
-from tests.airflow_env import AirflowEnv
 from tests.reliability_checks import run_cli
-from tests.standin.server import StandinServer
 
 HOST = socket.gethostname()
 FAST = ["--read-timeout", "5", "--outage-window", "3", "--ready-timeout", "3"]

@@ -18,10 +18,10 @@ from olmocr_tasks.layout import OutputLocation, safe_run_id
 from olmocr_tasks.pipeline import RunRequest, plan_run, run_conversion
 from olmocr_tasks.runs import RunFolder
 from olmocr_tasks.storage import Storage
-from tests.airflow_env import AirflowEnv
-from tests.pdfgen import text_pdf
+from olmocr_tasks.testing.airflow_env import AirflowEnv
+from olmocr_tasks.testing.pdfgen import text_pdf
+from olmocr_tasks.testing.standin.server import StandinServer
 from tests.reliability_checks import quick_settings
-from tests.standin.server import StandinServer
 
 DAG = "olmocr_maintenance"
 

@@ -33,10 +33,11 @@ from olmocr_tasks.manifest_reader import ManifestReader, load_whole, read_manife
 from olmocr_tasks.pipeline import RunRequest, convert_batch, plan_run, publish_run
 from olmocr_tasks.retention import clean_output
 from olmocr_tasks.storage import Storage
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
 from olmocr_tasks.uri import join_uri
-from tests import pdfgen
+from tests.fixtures.manifests import manifest_header
 from tests.reliability_checks import quick_settings
-from tests.standin.server import StandinServer
 
 # The bound on a summary, whatever the run's size.
 SUMMARY_LIMIT = 256 * 1024
@@ -75,20 +76,7 @@ def _entry(index: int, output_uri: str = "s3://archive/out") -> DocumentEntry:
 
 
 def _header(output_uri: str, run_id: str, documents: list[DocumentEntry] | None = None) -> Manifest:
-    return Manifest(
-        run_id=run_id,
-        started_at="2026-12-01T10:00:00.000Z",
-        finished_at="2026-12-01T11:00:00.000Z",
-        server={"base_urls": ["http://vllm:8000/v1"]},
-        model="allenai/olmOCR-2-7B-1025-FP8",
-        prompt_version="olmocr-v4",
-        package_version="0.1.0",
-        settings={},
-        input_uri="s3://archive/in/",
-        output_uri=output_uri,
-        documents=documents or [],
-        gpu_hour_price=2.0,
-    )
+    return manifest_header(output_uri, run_id, documents=documents or [], gpu_hour_price=2.0)
 
 
 class RecordingStorage(Storage):

@@ -22,8 +22,8 @@ from aiosmtpd.controller import Controller
 from olmocr_tasks.failure_report import build_failure_report, error_class_counts
 from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.provider.notifications import NotifierConfigError, make_notifier, parse_notifier_config
-from tests import pdfgen
-from tests.airflow_env import AirflowEnv
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.airflow_env import AirflowEnv
 
 SMTP_NOTIFIER = "airflow.providers.smtp.notifications.smtp.SmtpNotifier"
 

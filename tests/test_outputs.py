@@ -28,33 +28,11 @@ from olmocr_tasks.outputs import (
 from olmocr_tasks.pipeline import RunRequest, run_conversion
 from olmocr_tasks.results import DocumentResult, PageResult
 from olmocr_tasks.storage import Storage
-from tests.airflow_env import AirflowEnv
-from tests.pdfgen import text_pdf
+from olmocr_tasks.testing.airflow_env import AirflowEnv
+from olmocr_tasks.testing.pdfgen import text_pdf
+from olmocr_tasks.testing.standin.server import StandinServer
+from tests.fixtures.pages import page_result
 from tests.reliability_checks import quick_settings, run_cli
-from tests.standin.server import StandinServer
-
-
-def _page(number: int, text: str | None, **overrides: Any) -> PageResult:
-    page = PageResult(
-        page_number=number,
-        text=text,
-        primary_language="en",
-        is_rotation_valid=True,
-        rotation_correction=0,
-        is_table=False,
-        is_diagram=False,
-        input_tokens=100 + number,
-        output_tokens=10 + number,
-        attempts=1,
-        accepted_attempt=1,
-        latency_s=0.25,
-        is_fallback=False,
-        server_input_tokens=100 + number,
-        server_output_tokens=10 + number,
-    )
-    for key, value in overrides.items():
-        setattr(page, key, value)
-    return page
 
 
 def _result(pages: list[PageResult], source: str = "s3://bucket/in/doc.pdf") -> DocumentResult:
@@ -119,10 +97,10 @@ def test_output_uris_cannot_escape_the_output_prefix() -> None:
 
 def test_dolma_record_schema_key_order_and_spans() -> None:
     pages = [
-        _page(1, "First page"),
-        _page(2, None, is_fallback=True, accepted_attempt=None, input_tokens=0, output_tokens=0, attempts=8),
-        _page(3, "Third — page", primary_language=None, is_table=True, rotation_correction=90),
-        _page(4, None, is_fallback=True, accepted_attempt=None, input_tokens=0, output_tokens=0),
+        page_result(1, "First page"),
+        page_result(2, None, is_fallback=True, accepted_attempt=None, input_tokens=0, output_tokens=0, attempts=8),
+        page_result(3, "Third — page", primary_language=None, is_table=True, rotation_correction=90),
+        page_result(4, None, is_fallback=True, accepted_attempt=None, input_tokens=0, output_tokens=0),
     ]
     pages[1].fallback_reason = "no valid response"
     pages[3].fallback_reason = "blank"
@@ -185,7 +163,8 @@ def test_dolma_record_schema_key_order_and_spans() -> None:
 
 
 def test_dolma_line_is_ascii_escaped_json_with_default_separators() -> None:
-    record = dolma_record(_result([_page(1, "Grüße “quoted”")]), model="m", prompt_version="p", package_version="v")
+    document = _result([page_result(1, "Grüße “quoted”")])
+    record = dolma_record(document, model="m", prompt_version="p", package_version="v")
     line = dolma_line(record)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert line.decode("ascii") == json.dumps(record) + "\n"
@@ -211,7 +190,7 @@ def _write(result: DocumentResult, output_uri: str, storage: Storage, *, markdow
 
 def test_write_outputs_local_and_rerun_overwrites(tmp_path: Path) -> None:
     storage = Storage()
-    result = _result([_page(1, "Hello"), _page(2, "World")], source="s3://bucket/in/sub/Doc.PDF")
+    result = _result([page_result(1, "Hello"), page_result(2, "World")], source="s3://bucket/in/sub/Doc.PDF")
     out = str(tmp_path / "out")
     uris = _write(result, out, storage)
     assert uris == {"dolma": f"{out}/dolma/sub/Doc.jsonl", "markdown": f"{out}/markdown/sub/Doc.md"}
@@ -229,13 +208,13 @@ def test_write_outputs_local_and_rerun_overwrites(tmp_path: Path) -> None:
 
 
 def test_write_outputs_without_markdown(tmp_path: Path) -> None:
-    uris = _write(_result([_page(1, "x")]), str(tmp_path), Storage(), markdown=False)
+    uris = _write(_result([page_result(1, "x")]), str(tmp_path), Storage(), markdown=False)
     assert list(uris) == ["dolma"]
     assert not (tmp_path / "markdown").exists()
 
 
 def test_blank_document_is_recorded_with_empty_text(tmp_path: Path) -> None:
-    uris = _write(_result([_page(1, None), _page(2, None)]), str(tmp_path), Storage())
+    uris = _write(_result([page_result(1, None), page_result(2, None)]), str(tmp_path), Storage())
     [line] = (tmp_path / "dolma").rglob("*.jsonl").__next__().read_text().splitlines()
     record = json.loads(line)
     assert record["text"] == "" and record["metadata"]["pdf-total-pages"] == 2
@@ -245,7 +224,7 @@ def test_blank_document_is_recorded_with_empty_text(tmp_path: Path) -> None:
 
 def test_write_outputs_s3(s3_bucket: str, s3_storage_options: dict[str, Any]) -> None:
     storage = Storage(s3_storage_options)
-    result = _result([_page(1, "Ünïcode page"), _page(2, None)], source="s3://bucket/in/../../evil.pdf")
+    result = _result([page_result(1, "Ünïcode page"), page_result(2, None)], source="s3://bucket/in/../../evil.pdf")
     uris = _write(result, f"s3://{s3_bucket}/out", storage)
     stem = output_stem(result.source, "s3://bucket/in")
     assert re.fullmatch("evil~[0-9a-f]{10}", stem)

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from olmocr_tasks.manifest_reader import load_whole
-from tests import pdfgen
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
 from tests.reliability_checks import assert_reader_view_consistent, descendants, kill_and_reap, run_cli, start_cli
-from tests.standin.server import StandinServer
 
 PAGES = 400
 DOC_ID = 77

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -12,14 +11,17 @@ import sys
 import textwrap
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
 
 from olmocr_tasks.manifest_reader import load_whole
-from tests.airflow_env import AirflowEnv
-from tests.ocr_runs import CLEAN_RUN, DAG_ID, DEAD_LETTER_RUN, FAILING_RUN, XSS, RealRuns, real_runs
+from olmocr_tasks.testing.airflow_env import aws_connection
+from olmocr_tasks.testing.ports import refusing_port
+from tests.fixtures.ocr_runs import CLEAN_RUN, DAG_ID, DEAD_LETTER_RUN, FAILING_RUN, XSS, RealRuns, copy_output
+from tests.fixtures.s3 import REGION, FaultProxy
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = REPO / "plugins"
@@ -28,23 +30,6 @@ if str(PLUGINS) not in sys.path:
 
 from olmocr_runs import charts, create_app  # noqa: E402
 from olmocr_runs.runs import task_log_href  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, airflow_home: AirflowEnv, moto_server: str) -> RealRuns:
-    return real_runs(tmp_path_factory.getbasetemp(), airflow_home, moto_server)
-
-
-def copy_output(runs: RealRuns, output: Path) -> None:
-    """The real runs' output tree under ``output`` (the manifests naming the copies), plus a corrupt manifest."""
-    shutil.copytree(runs.output, output, dirs_exist_ok=True)
-    old, new = json.dumps(str(runs.output))[1:-1], json.dumps(str(output))[1:-1]
-    for path in (output / "manifests").glob("*.json"):
-        path.write_text(path.read_text().replace(old, new))
-    # The entries are in the summaries' shards (gzip JSON Lines): they name the outputs too.
-    for path in (output / "manifests").rglob("*.jsonl.gz"):
-        path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()).decode().replace(old, new).encode()))
-    (output / "manifests" / "broken-run.json").write_text('{"run_id": "broken", "documents": [')
 
 
 @pytest.fixture
@@ -409,60 +394,72 @@ def s3_manifests(s3_env: str, s3_bucket: str, output: Path) -> str:
     return f"s3://{s3_bucket}/prod"
 
 
-def test_airflow_loads_plugin_and_mounts_app(tmp_path: Path, output: Path) -> None:
-    """Airflow's plugin manager loads the plugin from a plugins folder and mounts the app behind auth."""
-    script = textwrap.dedent(
-        """
-        import json
-        from airflow import plugins_manager, settings
-        from airflow.api_fastapi.app import init_auth_manager, init_plugins
-        from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-        from airflow.api_fastapi.core_api.datamodels.plugins import PluginResponse
-        from fastapi import FastAPI
-        from fastapi.testclient import TestClient
-        from airflow.models.revoked_token import RevokedToken
+# Loads the plugins folder through Airflow's plugin manager into an api-server app, then asks the
+# OCR runs API anonymously and signed in, and the list page signed in; prints what it saw as JSON.
+_PLUGIN_IN_AIRFLOW = textwrap.dedent(
+    """
+    import json
+    from airflow import plugins_manager, settings
+    from airflow.api_fastapi.app import init_auth_manager, init_plugins
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from airflow.api_fastapi.core_api.datamodels.plugins import PluginResponse
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from airflow.models.revoked_token import RevokedToken
 
-        # Token checks consult this one table; creating it is much cheaper than a full db migrate.
-        RevokedToken.__table__.create(settings.engine, checkfirst=True)
-        plugins, errors = plugins_manager._get_plugins()
-        apps, _ = plugins_manager.get_fastapi_plugins()
-        views, _ = plugins_manager._get_ui_plugins()
-        info = [PluginResponse.model_validate(p).model_dump() for p in plugins_manager.get_plugin_info()]
-        root = FastAPI()
-        auth = init_auth_manager(root)
-        init_plugins(root)
-        client = TestClient(root)
-        anonymous = client.get("/olmocr/api/runs")
-        token = auth.generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
-        signed_in = client.get("/olmocr/api/runs", headers={"Authorization": f"Bearer {token}"})
-        client.cookies.set("_token", token)
-        page = client.get("/olmocr/")
-        print(json.dumps({
-            "plugins": [p.name for p in plugins],
-            "errors": errors,
-            "prefixes": [a["url_prefix"] for a in apps],
-            "views": views,
-            "info": info,
-            "anonymous": anonymous.status_code,
-            "status": signed_in.status_code,
-            "total": signed_in.json().get("total"),
-            "page": page.status_code,
-        }, default=str))
-        """
-    )
-    env = {
+    # Token checks consult this one table; creating it is much cheaper than a full db migrate.
+    RevokedToken.__table__.create(settings.engine, checkfirst=True)
+    plugins, errors = plugins_manager._get_plugins()
+    apps, _ = plugins_manager.get_fastapi_plugins()
+    views, _ = plugins_manager._get_ui_plugins()
+    info = [PluginResponse.model_validate(p).model_dump() for p in plugins_manager.get_plugin_info()]
+    root = FastAPI()
+    auth = init_auth_manager(root)
+    init_plugins(root)
+    client = TestClient(root)
+    anonymous = client.get("/olmocr/api/runs")
+    token = auth.generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+    signed_in = client.get("/olmocr/api/runs", headers={"Authorization": f"Bearer {token}"})
+    client.cookies.set("_token", token)
+    page = client.get("/olmocr/")
+    print(json.dumps({
+        "plugins": [p.name for p in plugins],
+        "errors": errors,
+        "prefixes": [a["url_prefix"] for a in apps],
+        "views": views,
+        "info": info,
+        "anonymous": anonymous.status_code,
+        "status": signed_in.status_code,
+        "total": signed_in.json().get("total"),
+        "runs": [run["run_id"] for run in signed_in.json().get("runs", [])],
+        "listing_error": signed_in.json().get("error"),
+        "page": page.status_code,
+    }, default=str))
+    """
+)
+
+
+def plugin_in_airflow(tmp_path: Path, **env: str | None) -> dict[str, Any]:
+    """What ``_PLUGIN_IN_AIRFLOW`` saw, run in a subprocess with ``env`` over this one's (None removes)."""
+    variables = {
         **os.environ,
         "AIRFLOW_HOME": str(tmp_path / "airflow"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "OLMOCR_OUTPUT_URI": str(output),
     }
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180, check=False
-    )
+    variables.update({name: value for name, value in env.items() if value is not None})
+    for name in [name for name, value in env.items() if value is None]:
+        variables.pop(name, None)
+    command = [sys.executable, "-c", _PLUGIN_IN_AIRFLOW]
+    result = subprocess.run(command, env=variables, capture_output=True, text=True, timeout=180, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_airflow_loads_plugin_and_mounts_app(tmp_path: Path, output: Path) -> None:
+    """Airflow's plugin manager loads the plugin from a plugins folder and mounts the app behind auth."""
+    report = plugin_in_airflow(tmp_path, OLMOCR_OUTPUT_URI=str(output))
     assert report["errors"] == {}
     assert "olmocr_runs" in report["plugins"]
     assert "/olmocr" in report["prefixes"]
@@ -473,3 +470,24 @@ def test_airflow_loads_plugin_and_mounts_app(tmp_path: Path, output: Path) -> No
     assert report["anonymous"] == 401
     assert report["status"] == 200 and report["total"] == 4
     assert report["page"] == 200
+
+
+def test_plugin_reads_s3_with_the_aws_default_connection(
+    tmp_path: Path, s3_manifests: str, s3_fault_proxy: FaultProxy, runs: RealRuns
+) -> None:
+    """The api-server's own AWS environment points elsewhere with other keys; the plugin lists the runs
+    through the endpoint and keys of ``aws_default``, as the tasks that wrote them did."""
+    connection_key = "aws-default-connection-key"
+    with refusing_port() as nowhere:
+        report = plugin_in_airflow(
+            tmp_path,
+            OLMOCR_OUTPUT_URI=s3_manifests,
+            AIRFLOW_CONN_AWS_DEFAULT=aws_connection(s3_fault_proxy.url, connection_key, "aws-default-secret", REGION),
+            AWS_ACCESS_KEY_ID="ambient-wrong-key",
+            AWS_SECRET_ACCESS_KEY="ambient-wrong-secret",
+            AWS_ENDPOINT_URL=f"http://127.0.0.1:{nowhere}",
+        )
+    assert report["status"] == 200 and report["listing_error"] is None
+    assert report["runs"] == [DEAD_LETTER_RUN, FAILING_RUN, CLEAN_RUN, runs.airflow_manifest_run_id]
+    signed_by = {request.access_key for request in s3_fault_proxy.requests}
+    assert s3_fault_proxy.requests and signed_by == {connection_key}, signed_by

@@ -15,19 +15,18 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.fixtures.asgi import served
-from tests.ocr_runs import CLEAN_RUN, DEAD_LETTER_RUN, XSS, RealRuns
-from tests.test_plugin_app import copy_output, runs  # noqa: F401 (runs is a fixture)
+from tests.fixtures.browser import SCREENSHOTS
+from tests.fixtures.ocr_runs import CLEAN_RUN, DEAD_LETTER_RUN, XSS, RealRuns, copy_output
 
-# tests.test_plugin_app has put plugins/ on sys.path.
+# tests.fixtures.ocr_runs has put plugins/ on sys.path.
 from olmocr_runs import create_app  # isort: skip
 
 pytestmark = pytest.mark.browser
 
-SCREENSHOTS = Path(__file__).resolve().parents[1] / "test-output"
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory, runs: RealRuns) -> Iterator[str]:  # noqa: F811
+def site(tmp_path_factory: pytest.TempPathFactory, runs: RealRuns) -> Iterator[str]:
     """The app over the real runs' manifests, served by uvicorn on a free loopback port in a thread."""
     output = tmp_path_factory.mktemp("ocr-output")
     copy_output(runs, output)
@@ -52,7 +51,7 @@ def page(browser: Browser, dialogs: list[str]) -> Iterator[Page]:
         context.close()
 
 
-def test_runs_list_in_browser(site: str, page: Page, runs: RealRuns) -> None:  # noqa: F811
+def test_runs_list_in_browser(site: str, page: Page, runs: RealRuns) -> None:
     response = page.goto(f"{site}/")
     assert response is not None and response.status == 200
     expect(page.get_by_role("heading", name="OCR runs")).to_be_visible()
@@ -80,7 +79,7 @@ def test_runs_list_in_browser(site: str, page: Page, runs: RealRuns) -> None:  #
     expect(page.get_by_role("heading", level=1)).to_contain_text(runs.airflow_manifest_run_id)
 
 
-def test_run_page_in_browser(site: str, page: Page, dialogs: list[str], runs: RealRuns) -> None:  # noqa: F811
+def test_run_page_in_browser(site: str, page: Page, dialogs: list[str], runs: RealRuns) -> None:
     response = page.goto(f"{site}/runs/{quote(runs.key(runs.airflow_manifest_run_id), safe='')}")
     assert response is not None and response.status == 200
     manifest = runs.manifest(runs.airflow_manifest_run_id)
@@ -138,7 +137,7 @@ def test_run_page_in_browser(site: str, page: Page, dialogs: list[str], runs: Re
     expect(page.locator("body")).to_have_text(Path(converted["outputs"]["markdown"]).read_text().strip())
 
 
-def test_search_across_runs_in_browser(site: str, page: Page, runs: RealRuns) -> None:  # noqa: F811
+def test_search_across_runs_in_browser(site: str, page: Page, runs: RealRuns) -> None:
     page.goto(f"{site}/")
     page.get_by_role("searchbox").fill("memo")
     page.get_by_role("button", name="Search").click()
@@ -152,7 +151,7 @@ def test_search_across_runs_in_browser(site: str, page: Page, runs: RealRuns) ->
     assert '"Source-File": "' + str(runs.clean_input / "memo.pdf") in page.locator("body").inner_text()
 
 
-def test_long_run_ids_do_not_wrap_the_table(site: str, page: Page, runs: RealRuns) -> None:  # noqa: F811
+def test_long_run_ids_do_not_wrap_the_table(site: str, page: Page, runs: RealRuns) -> None:
     page.set_viewport_size({"width": 1100, "height": 900})
     page.goto(f"{site}/")
     rows = page.locator("tbody tr")

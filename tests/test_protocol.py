@@ -35,9 +35,9 @@ from olmocr_tasks.protocol import (
     temperature_for_attempt,
 )
 from olmocr_tasks.render_pool import RenderPool
-from tests.page_marker import read_marker
+from olmocr_tasks.testing.page_marker import read_marker
+from olmocr_tasks.testing.standin.server import StandinServer
 from tests.reliability_checks import run_cli
-from tests.standin.server import StandinServer
 
 GOLDEN_DIR = Path(__file__).parent / "fixtures" / "golden"
 GOLDEN_FILE = GOLDEN_DIR / "olmocr-0.4.27.json"

@@ -13,7 +13,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,10 +37,9 @@ from olmocr_tasks.provider import params as dag_params
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
 from olmocr_tasks.provider.triggers import VllmReadyTrigger
 from olmocr_tasks.storage import ObjectInfo, Storage
-from tests.airflow_env import REPO_ROOT, aws_connection, base_env
+from olmocr_tasks.testing.airflow_env import REPO_ROOT, aws_connection, base_env
+from olmocr_tasks.testing.standin.server import StandinServer
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
-from tests.ports import refusing_port
-from tests.standin.server import StandinServer
 from tests.task_context import RunTasks, context
 
 H = datetime(2026, 3, 1, 10, tzinfo=UTC)
@@ -340,12 +338,6 @@ def test_params_form() -> None:
     assert {"output_uri", "reprocess", "max_document_error_rate"} <= set(events)
 
 
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    with refusing_port() as port:
-        yield port
-
-
 def test_check_server_fails_fast_on_the_wrong_model(monkeypatch: pytest.MonkeyPatch, standin: StandinServer) -> None:
     value = {"conn_type": "olmocr_vllm", "host": standin.url, "extra": {"model": "other/model"}}
     monkeypatch.setenv("AIRFLOW_CONN_OLMOCR_VLLM", json.dumps(value))
@@ -465,7 +457,7 @@ def standin_conn(monkeypatch: pytest.MonkeyPatch, standin: StandinServer) -> Sta
 def test_a_retried_convert_task_reports_its_batch_and_only_runs_that_converted_announce(
     tmp_path: Path, standin_conn: StandinServer
 ) -> None:
-    from tests import pdfgen
+    from olmocr_tasks.testing import pdfgen
 
     for doc_id in (1, 2):
         pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(2, doc_id=doc_id))
@@ -510,7 +502,7 @@ def test_a_cleared_run_never_maps_fewer_convert_instances_than_its_previous_pass
 ) -> None:
     # Airflow 3.3 marks a cleared run's convert instances beyond the previous pass's length REMOVED and
     # never maps them again: a pass shorter than the last would strand the batches of a later, longer one.
-    from tests import pdfgen
+    from olmocr_tasks.testing import pdfgen
 
     for doc_id in (1, 2, 3):
         pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(1, doc_id=doc_id))
@@ -535,7 +527,7 @@ def test_a_cleared_run_never_maps_fewer_convert_instances_than_its_previous_pass
 def test_backfill_runs_plan_only_their_own_interval_and_scheduled_runs_look_back(
     tmp_path: Path, standin_conn: StandinServer
 ) -> None:
-    from tests import pdfgen
+    from olmocr_tasks.testing import pdfgen
 
     inbox = tmp_path / "in"
     for name, modified in (("first.pdf", H0 + timedelta(minutes=30)), ("second.pdf", H + timedelta(minutes=30))):
@@ -559,7 +551,7 @@ def test_backfill_runs_plan_only_their_own_interval_and_scheduled_runs_look_back
 
 
 def test_a_rejected_api_key_fails_the_convert_task_without_retries(tmp_path: Path, standin_conn: StandinServer) -> None:
-    from tests import pdfgen
+    from olmocr_tasks.testing import pdfgen
 
     pdfgen.write_pdf(tmp_path / "in" / "d.pdf", pdfgen.text_pdf(1, doc_id=1))
     run = RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
@@ -607,7 +599,7 @@ def test_convert_sets_its_own_execution_timeout_before_it_runs() -> None:
 
 
 def test_plan_body_redrives_failures_of_an_earlier_interval(tmp_path: Path, standin_conn: StandinServer) -> None:
-    from tests import pdfgen
+    from olmocr_tasks.testing import pdfgen
 
     inbox, output = tmp_path / "inbox", tmp_path / "out"
     for name, data in (("good.pdf", pdfgen.text_pdf(1, 61)), ("broken.pdf", pdfgen.not_a_pdf())):
@@ -664,7 +656,7 @@ def test_event_dag_plan_body_converts_exactly_the_objects_its_triggering_events_
     s3_bucket: str,
     s3_storage_options: dict[str, Any],
 ) -> None:
-    from tests import pdfgen
+    from olmocr_tasks.testing import pdfgen
 
     storage = Storage(s3_storage_options)
     for key, data in {

@@ -25,9 +25,9 @@ from olmocr_tasks.ledger import Ledger
 from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.pipeline import SINGLE_BATCH, RunRequest, build_manifest, convert_batch, plan_run, run_conversion
 from olmocr_tasks.storage import Storage
-from tests import pdfgen
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
 from tests.reliability_checks import assert_manifest_matches_outputs, descendants, kill_and_reap, start_cli
-from tests.standin.server import StandinServer
 from tests.task_context import RunTasks
 
 FAST = ["--read-timeout", "5", "--outage-window", "5", "--ready-timeout", "5", "--target-longest-image-dim", "512"]

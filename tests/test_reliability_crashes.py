@@ -22,7 +22,8 @@ import pytest
 
 from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.storage import TEMP_SUFFIX
-from tests import pdfgen
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
 from tests.reliability_checks import (
     assert_manifest_matches_outputs,
     assert_reader_view_consistent,
@@ -32,7 +33,6 @@ from tests.reliability_checks import (
     run_cli,
     start_cli,
 )
-from tests.standin.server import StandinServer
 
 # A short claim expiry: the run after a kill (another run id) takes the killed run's claims over
 # once they expire (``wait_for_claims_to_expire``), instead of skipping those documents as claimed.

@@ -27,9 +27,9 @@ from olmocr_tasks.pipeline import (
     run_conversion,
 )
 from olmocr_tasks.storage import Storage
-from tests import pdfgen
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
 from tests.reliability_checks import assert_manifest_matches_outputs, assert_reader_view_consistent, quick_settings
-from tests.standin.server import StandinServer
 
 # Answers that the page logic rejects, each costing one of the page's attempts (olmOCR semantics).
 ATTEMPT_FAULTS = {"garbage", "length", "invalid_rotation", "bad_json", "overlong"}

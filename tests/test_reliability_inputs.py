@@ -1,7 +1,7 @@
 """Hostile and broken PDFs end to end through the CLI: each ends with its error class or converts, the
 process survives, and memory stays bounded whatever the page count.
 
-The mixed corpus of ``tests.pdfgen`` (encrypted, owner-password-only, truncated, empty, zero pages, not a
+The mixed corpus of ``olmocr_tasks.testing.pdfgen`` (encrypted, owner-password-only, truncated, empty, zero pages, not a
 PDF, broken page tree) is run again here as a separate process with its memory sampled, together with
 the inputs that only matter at this level: a repairable xref, an enormous page, a sliver page, a page
 that takes far longer to render than allowed, and documents over the byte and page limits.
@@ -17,9 +17,9 @@ import pytest
 from pypdf import PdfReader, PdfWriter
 
 from olmocr_tasks.manifest_reader import load_whole
-from tests import pdfgen
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
 from tests.reliability_checks import RssSampler, assert_reader_view_consistent, start_cli
-from tests.standin.server import StandinServer
 
 FAST = ["--read-timeout", "10", "--outage-window", "10", "--ready-timeout", "5"]
 MAX_BYTES = 150_000
@@ -45,7 +45,7 @@ def slow_page_pdf(operations: int = 3000) -> bytes:
         b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>",
         b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
     ]
-    return pdfgen._assemble(objects)
+    return pdfgen.assemble_pdf(objects)
 
 
 def with_slow_pages(doc_id: int, slow_pages: int) -> bytes:

@@ -16,10 +16,10 @@ import pytest
 from olmocr_tasks.errors import StorageError
 from olmocr_tasks.pipeline import RunRequest, run_conversion
 from olmocr_tasks.storage import RetryPolicy, Storage
-from tests import pdfgen
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
 from tests.fixtures.s3 import FaultProxy
 from tests.reliability_checks import assert_manifest_matches_outputs, assert_reader_view_consistent, quick_settings
-from tests.standin.server import StandinServer
 
 LIST = r"list-type=2"
 OBJECT_IN = r"/in/[^?]+\.pdf"

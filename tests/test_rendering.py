@@ -29,9 +29,9 @@ from olmocr_tasks.errors import (
 )
 from olmocr_tasks.render_pool import RenderError, RenderPool, default_render_workers
 from olmocr_tasks.render_worker import PdfInfo, open_document_sync, render_page_png_sync, target_size
-from tests import pdfgen
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.page_marker import Marker, read_marker
 from tests.fixtures.render_hooks import HookedRenderPool
-from tests.page_marker import Marker, read_marker
 
 T = TypeVar("T")
 LETTER_LANDSCAPE = (792.0, 612.0)

@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from olmocr_tasks.layout import safe_run_id
 from olmocr_tasks.manifest import DocumentEntry, Manifest, manifest_uri
-from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.protocol import PageResponse
 from olmocr_tasks.results import DocumentResult, PageResult
-from tests.standin.server import StandinServer
+from olmocr_tasks.testing.standin.server import StandinServer
+from tests.fixtures.manifests import manifest_schema, validated_manifest
 
 
 def _page(number: int, text: str | None, *, fallback: bool = False) -> PageResult:
@@ -111,11 +110,9 @@ def test_run_ids_become_safe_object_names() -> None:
 
 
 def test_manifest_validates_against_the_published_schema() -> None:
-    import importlib.resources
-
     import jsonschema
 
-    schema = json.loads(importlib.resources.files("olmocr_tasks").joinpath("schemas/manifest.schema.json").read_text())
+    schema = manifest_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
     data = json.loads(_manifest(gpu_hour_price=2.5).to_json())
     jsonschema.validate(data, schema)
@@ -165,25 +162,6 @@ def test_a_batch_summary_and_the_manifest_count_entries_the_same_way() -> None:
     assert counts["pages"] == 4 and counts["not_converted"] == 1 and counts["failed"] == 2
 
 
-def _schema() -> dict[str, object]:
-    import importlib.resources
-
-    return json.loads(importlib.resources.files("olmocr_tasks").joinpath("schemas/manifest.schema.json").read_text())
-
-
-def _validated(uri: str) -> dict[str, Any]:
-    """A published manifest whose summary and every shard entry validate; returned whole (entries inline)."""
-    import jsonschema
-
-    schema = _schema()
-    jsonschema.validate(json.loads(Path(uri).read_text()), schema)
-    whole = load_whole(uri)
-    entry_schema = {"$defs": schema["$defs"], "$ref": "#/$defs/document"}
-    for doc in whole["documents"] + whole["dead_letters"]:
-        jsonschema.validate(doc, entry_schema)
-    return whole
-
-
 def test_a_page_rescued_by_its_hedge_is_counted_in_the_published_manifest(
     tmp_path: Path, standin_factory: Callable[..., StandinServer]
 ) -> None:
@@ -191,7 +169,7 @@ def test_a_page_rescued_by_its_hedge_is_counted_in_the_published_manifest(
     from olmocr_tasks.config import ConversionSettings, ServerSettings
     from olmocr_tasks.pipeline import RunRequest, run_conversion
     from olmocr_tasks.storage import Storage
-    from tests import pdfgen
+    from olmocr_tasks.testing import pdfgen
 
     # The last page's first request is accepted and never answered; the other pages give the client
     # the latency history a hedge needs. The read timeout is far away, so only a hedge rescues it.
@@ -213,7 +191,7 @@ def test_a_page_rescued_by_its_hedge_is_counted_in_the_published_manifest(
     request = RunRequest(str(tmp_path / "in"), str(tmp_path / "out"), run_id="hedged", settings=settings)
     _, uri = run_conversion(request, Storage())
 
-    published = _validated(uri)
+    published = validated_manifest(uri)
     entries = {Path(doc["source"]).name: doc for doc in published["documents"]}
     assert entries["long.pdf"]["status"] == "converted" and entries["long.pdf"]["fallback_pages"] == 0
     assert entries["long.pdf"]["hedged"] == 1 and entries["short.pdf"]["hedged"] == 0
@@ -237,7 +215,7 @@ def test_an_output_collision_failure_is_recorded_in_a_manifest_that_validates(
     from olmocr_tasks.layout import OutputLocation
     from olmocr_tasks.pipeline import RunRequest, run_conversion
     from olmocr_tasks.storage import Storage
-    from tests import pdfgen
+    from olmocr_tasks.testing import pdfgen
 
     source = pdfgen.write_pdf(tmp_path / "in" / "taken.pdf", pdfgen.text_pdf(1, doc_id=1))
     pdfgen.write_pdf(tmp_path / "in" / "free.pdf", pdfgen.text_pdf(1, doc_id=2))
@@ -251,7 +229,7 @@ def test_an_output_collision_failure_is_recorded_in_a_manifest_that_validates(
     request = RunRequest(str(tmp_path / "in"), str(tmp_path / "out"), run_id="collision", settings=settings)
     _, uri = run_conversion(request, Storage())
 
-    published = _validated(uri)
+    published = validated_manifest(uri)
     entries = {Path(doc["source"]).name: doc for doc in published["documents"]}
     assert entries["taken.pdf"]["status"] == "failed"
     assert entries["taken.pdf"]["error_class"] == "output_collision"

@@ -27,11 +27,11 @@ from olmocr_tasks.pipeline import RunRequest, plan_run, run_conversion
 from olmocr_tasks.retention import clean_output
 from olmocr_tasks.runs import RunFolder, new_plan_id
 from olmocr_tasks.storage import Storage
+from olmocr_tasks.testing.pdfgen import text_pdf
+from olmocr_tasks.testing.standin.server import StandinServer
 from olmocr_tasks.uri import join_uri
-from tests.pdfgen import text_pdf
+from tests.fixtures.pages import page_result
 from tests.reliability_checks import quick_settings
-from tests.standin.server import StandinServer
-from tests.test_outputs import _page
 
 RETENTION = timedelta(days=7)
 
@@ -62,8 +62,8 @@ def _runs(scenario_output: str, inbox: str, storage: Storage, standin: StandinSe
     pages = PageStore(storage, ledger.state)
     converted_sha = second.documents[0].sha256
     assert converted_sha is not None
-    pages.save(converted_sha, _page(1, "left over after a crash"))
-    pages.save("ab" * 32, _page(1, "a document that will resume"))
+    pages.save(converted_sha, page_result(1, "left over after a crash"))
+    pages.save("ab" * 32, page_result(1, "a document that will resume"))
     # A run that planned and never published (its worker died), with the same inbox.
     RunFolder(storage, scenario_output, "abandoned").write_plan(plan_run(request, storage))
     [marker] = [

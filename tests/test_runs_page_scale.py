@@ -20,10 +20,11 @@ from urllib.parse import quote
 import pytest
 from fastapi.testclient import TestClient
 
-from olmocr_tasks.manifest import SHARD_ENTRIES, DocumentEntry, Manifest, ManifestWriter, manifest_uri
+from olmocr_tasks.manifest import SHARD_ENTRIES, DocumentEntry, ManifestWriter, manifest_uri
 from olmocr_tasks.manifest_reader import read_manifest
 from olmocr_tasks.storage import Storage
 from tests.fixtures.asgi import served
+from tests.fixtures.manifests import manifest_header
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "plugins") not in sys.path:
@@ -64,21 +65,6 @@ def _entry(index: int, output: str) -> DocumentEntry:
     )
 
 
-def _header(output: str, run_id: str, finished: str) -> Manifest:
-    return Manifest(
-        run_id=run_id,
-        started_at="2026-12-01T10:00:00.000Z",
-        finished_at=finished,
-        server={"base_urls": ["http://vllm:8000/v1"]},
-        model="allenai/olmOCR-2-7B-1025-FP8",
-        prompt_version="olmocr-v4",
-        package_version="0.1.0",
-        settings={},
-        input_uri="s3://archive/in/",
-        output_uri=output,
-    )
-
-
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An output location with the 100,000-document run and a small schema 2 run (entries inline)."""
@@ -93,8 +79,8 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text)
     writer.add_dead_letter(DocumentEntry(source="s3://archive/in/dead.pdf", status="failed", error_class="x"))
-    writer.commit(_header(str(output), RUN, "2026-12-01T11:00:00.000Z"))
-    old = _header(str(output), OLD_RUN, "2026-12-01T12:00:00.000Z")
+    writer.commit(manifest_header(str(output), RUN))
+    old = manifest_header(str(output), OLD_RUN, finished_at="2026-12-01T12:00:00.000Z")
     old.documents = [_entry(index, str(output)) for index in range(10)]
     data = {**old.to_dict(), "schema_version": 2}
     (output / "manifests" / f"{OLD_RUN}.json").write_text(json.dumps(data))
@@ -287,7 +273,7 @@ def site(archive: Path) -> Iterator[str]:
 def test_a_person_pages_filters_and_opens_a_document_of_a_100k_run(site: str, browser: Any, archive: Path) -> None:
     from playwright.sync_api import expect
 
-    from tests.test_plugin_browser import SCREENSHOTS
+    from tests.fixtures.browser import SCREENSHOTS
 
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()

@@ -40,8 +40,9 @@ from olmocr_tasks.pipeline import (
     run_conversion,
 )
 from olmocr_tasks.storage import Storage
-from tests import pdfgen
-from tests.airflow_env import AirflowEnv, aws_connection, vllm_connection
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.airflow_env import AirflowEnv, aws_connection, vllm_connection
+from olmocr_tasks.testing.standin.server import StandinServer
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION, FaultProxy
 from tests.reliability_checks import (
     assert_manifest_matches_outputs,
@@ -50,7 +51,6 @@ from tests.reliability_checks import (
     run_cli,
     start_cli,
 )
-from tests.standin.server import StandinServer
 from tests.task_context import RunTasks
 
 FAST = ["--read-timeout", "3", "--outage-window", "3", "--ready-timeout", "3", "--target-longest-image-dim", "512"]
@@ -401,7 +401,7 @@ def test_hostile_s3_keys_write_only_under_the_output_prefix(
 def test_servers_listen_on_loopback_by_default() -> None:
     from olmocr_tasks.cli import build_parser
     from olmocr_tasks.cpu_engine import create_cpu_engine
-    from tests.standin.__main__ import parse_args as standin_args
+    from olmocr_tasks.testing.standin.__main__ import parse_args as standin_args
 
     parser = build_parser()
     assert parser.parse_args(["serve-cpu"]).host == "127.0.0.1"

@@ -22,9 +22,9 @@ from olmocr_tasks.protocol import (
     parse_completion,
     parse_front_matter,
 )
+from olmocr_tasks.testing.standin.__main__ import parse_args
 from olmocr_tasks.vllm_metrics import QueueSample, ServerMetrics, parse_vllm_queue, render_vllm_metrics
 from tests.fixtures.standin import StandinServer, marked_png, start_standin_process
-from tests.standin.__main__ import parse_args
 
 JSON = {"Content-Type": "application/json"}
 # One pooled client: building an httpx client (TLS context included) per call costs tens of

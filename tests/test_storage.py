@@ -366,6 +366,20 @@ def test_s3_error_messages_carry_no_credentials(s3_bucket: str, s3_fault_proxy: 
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
 
 
+def test_s3_error_messages_carry_no_credential_from_the_environment(
+    s3_bucket: str, s3_fault_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every variable botocore may hold a credential in, the legacy AWS_SECURITY_TOKEN included; the
+    # object key carries the value so the message would show it unless scrubbed.
+    monkeypatch.setenv("AWS_SECURITY_TOKEN", "legacy-security-token-value")
+    storage = Storage(s3_fault_proxy.storage_options, retry=FAST)
+    s3_fault_proxy.add_rule(method="PUT", action="slowdown")
+    with pytest.raises(StorageError) as caught:
+        storage.write_bytes_atomic(f"s3://{s3_bucket}/legacy-security-token-value/x", b"1")
+    assert "legacy-security-token-value" not in str(caught.value)
+    assert f"s3://{s3_bucket}/***/x" in str(caught.value)
+
+
 def test_s3_write_failure_keeps_old_object(
     s3_bucket: str, s3_storage_options: dict[str, Any], s3_fault_proxy: FaultProxy
 ) -> None:

@@ -16,12 +16,11 @@ from typing import Any
 from olmocr_tasks.pipeline import RunRequest, convert_batch, plan_run, publish_run
 from olmocr_tasks.runs import RunFolder
 from olmocr_tasks.storage import REQUEST_KINDS, RetryPolicy, Storage
-from tests import pdfgen
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
+from tests.fixtures.manifests import validated_manifest
 from tests.fixtures.s3 import FaultProxy
-from tests.reliability_checks import quick_settings
-from tests.standin.server import StandinServer
-from tests.test_cli import FAST, cli
-from tests.test_results_manifest import _validated
+from tests.reliability_checks import FAST_CLI, quick_settings, run_cli
 
 # botocore's own re-sends are off, so one counted attempt is one HTTP request the proxy sees.
 EXACT = RetryPolicy(max_attempts=4, max_elapsed_s=30, initial_backoff_s=0.01, max_backoff_s=0.05, botocore_attempts=1)
@@ -71,10 +70,12 @@ def test_a_cli_run_reports_its_storage_requests_per_converted_document(tmp_path:
     for doc_id in range(1, 5):
         pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(1, doc_id=doc_id))
     out = tmp_path / "out"
-    result = cli("convert", str(tmp_path / "in"), str(out), "--server", standin.url, "--run-id", "counted", *FAST)
+    result = run_cli(
+        "convert", str(tmp_path / "in"), str(out), "--server", standin.url, "--run-id", "counted", *FAST_CLI
+    )
     assert result.returncode == 0, result.stderr
     # The summary with its new field still validates against the published schema.
-    manifest = _validated(str(out / "manifests" / "counted.json"))
+    manifest = validated_manifest(str(out / "manifests" / "counted.json"))
     requests = manifest["metrics"]["storage_requests"]
     assert manifest["counts"]["converted"] == requests["converted_documents"] == 4
     by_kind = requests["by_kind"]

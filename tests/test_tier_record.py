@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import tier_record
+from olmocr_tasks.testing import tier_record
 
 
 def _write(path: Path, entries: list[dict[str, object]]) -> None:
@@ -19,7 +19,10 @@ def _write(path: Path, entries: list[dict[str, object]]) -> None:
 
 def _check(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tests.tier_record", str(path)], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "olmocr_tasks.testing.tier_record", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
 
 

@@ -21,6 +21,7 @@ import pytest
 from olmocr_tasks.cli import build_parser
 from olmocr_tasks.cli import vllm_options_from_args as options_from_args
 from olmocr_tasks.config import DEFAULT_MODEL
+from olmocr_tasks.testing.ports import reserved_port
 from olmocr_tasks.vllm_launcher import (
     LIMIT_MM_PER_PROMPT,
     VllmNotInstalledError,
@@ -30,7 +31,6 @@ from olmocr_tasks.vllm_launcher import (
     connection_env_line,
     connection_json,
 )
-from tests.ports import reserved_port
 
 FAKE_VLLM = """\
 import json, os, signal, socket, sys, threading, time
@@ -67,7 +67,7 @@ signal.signal(signal.SIGTERM, on_term)
 signal.signal(signal.SIGINT, on_term)
 time.sleep(float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "0")))
 class Server(HTTPServer):
-    # The test holds the port bound with SO_REUSEPORT (tests.ports.reserved_port) until we bind it.
+    # The test holds the port bound with SO_REUSEPORT (olmocr_tasks.testing.ports.reserved_port) until we bind it.
     def server_bind(self):
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         super().server_bind()

@@ -12,7 +12,7 @@ import pytest
 
 from olmocr_tasks.errors import ServerNotReady
 from olmocr_tasks.provider.triggers import VllmReadyTrigger, models_from_event
-from tests.airflow_env import vllm_connection
+from olmocr_tasks.testing.airflow_env import vllm_connection
 from tests.fixtures.standin import StandinServer
 
 pytestmark = pytest.mark.timeout(60)

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from olmocr_tasks.access import AccessPolicy, LocationNotAllowedError
 from olmocr_tasks.errors import StorageError, UnreadableSourceError
 from olmocr_tasks.manifest_reader import ManifestFormatError, ManifestReader
-from olmocr_tasks.redaction import redact_url
+from olmocr_tasks.redaction import redact_fields, redact_url
 from olmocr_tasks.storage import Storage
 
 from . import charts
@@ -44,7 +44,6 @@ from .runs import (
     build_detail,
     output_of,
     parse_time,
-    scrub,
 )
 from .store import ManifestReadError, ManifestStore
 
@@ -463,7 +462,7 @@ def create_app(
             return JSONResponse({"detail": f"Unreadable manifest: {exc}"}, status_code=422)
         data = reader.summary
         # Writers keep secrets out already; scrubbing again costs nothing and covers older writers.
-        body = {**data, **{k: scrub(data[k]) for k in ("server", "settings") if k in data}}
+        body = {**data, **{k: redact_fields(data[k]) for k in ("server", "settings") if k in data}}
         body["documents_api"] = _documents_api(request, manifest)
         body["document_count"] = reader.document_count()
         body["dead_letter_count"] = reader.document_count("dead_letters")

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from olmocr_tasks.redaction import redact_url
+from olmocr_tasks.redaction import redact_fields
 
 COUNT_KEYS = (
     "documents",
@@ -61,9 +61,6 @@ STATUS_LABELS = {
     "failed_budget": "failed budget",
     "empty": "nothing to convert",
 }
-# Words that mark a settings or server field as secret; matched against whole parts of the key so
-# ``max_tokens`` stays visible while ``api_key`` and ``access_token`` do not.
-_SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "credentials", "authorization"}
 _EPOCH = datetime.min.replace(tzinfo=UTC)
 OUTPUT_KINDS = ("markdown", "dolma")
 
@@ -174,24 +171,6 @@ def summarize(key: str, data: dict[str, Any]) -> RunSummary:
         # Runs without a readable finish time sort after all others.
         sort_key=(parse_time(finished) or _EPOCH, key),
     )
-
-
-def scrub(value: Any) -> Any:
-    """A copy without secret-looking fields and without passwords embedded in URLs."""
-    if isinstance(value, dict):
-        cleaned = {}
-        for name, item in value.items():
-            parts = set(str(name).lower().replace("-", "_").split("_"))
-            if parts & _SECRET_WORDS and not str(name).lower().endswith("_set"):
-                cleaned[name] = "***"
-            else:
-                cleaned[name] = scrub(item)
-        return cleaned
-    if isinstance(value, list | tuple):
-        return [scrub(item) for item in value]
-    if isinstance(value, str) and "://" in value and "@" in value:
-        return redact_url(value)
-    return value
 
 
 def task_log_href(task: Any, airflow_base: str = "") -> str | None:
@@ -432,10 +411,10 @@ def build_detail(key: str, data: dict[str, Any], overview: dict[str, Any], airfl
         prompt_version=_text(data.get("prompt_version")),
         package_version=_text(data.get("package_version")),
         schema_version=_text(data.get("schema_version")),
-        server=scrub(server) if isinstance(server, dict) else {},
-        settings=scrub(settings) if isinstance(settings, dict) else {},
-        input_uri=scrub(_text(data.get("input_uri"))),
-        output_uri=scrub(_text(data.get("output_uri"))),
+        server=redact_fields(server) if isinstance(server, dict) else {},
+        settings=redact_fields(settings) if isinstance(settings, dict) else {},
+        input_uri=redact_fields(_text(data.get("input_uri"))),
+        output_uri=redact_fields(_text(data.get("output_uri"))),
         failed=[_problem("failed", entry, airflow_base) for entry in failed.get("first") or []],
         failed_total=_int(failed.get("total")),
         dead_letters=[_problem("dead letter", entry, airflow_base) for entry in dead.get("first") or []],

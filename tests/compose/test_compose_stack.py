@@ -22,6 +22,9 @@ import httpx
 import psutil
 import pytest
 
+from olmocr_tasks.testing.bucket import Bucket
+from olmocr_tasks.testing.cluster import AirflowApi, wait_until
+from olmocr_tasks.testing.pdfgen import page_line
 from tests.compose.stack import (
     BUCKET,
     Leftovers,
@@ -31,10 +34,8 @@ from tests.compose.stack import (
     engine_and_base,
     remove_work_dir,
 )
-from tests.deployment.corpus import Bucket, converted, documents, statuses
-from tests.deployment.harness import AirflowApi, wait_until
+from tests.deployment.published import converted, documents, statuses
 from tests.fixtures.browser import launched_chromium
-from tests.pdfgen import page_line
 
 pytestmark = [pytest.mark.compose, pytest.mark.browser, pytest.mark.timeout(3600)]
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.corpus import Bucket, converted, documents, sources
-from tests.deployment.harness import Deployment, wait_until
+from olmocr_tasks.testing.bucket import Bucket
+from olmocr_tasks.testing.cluster import Deployment, wait_until
+from tests.deployment.published import converted, documents, sources
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]
 

@@ -17,15 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.corpus import (
-    Bucket,
-    assert_outputs_name_their_pages,
-    converted,
-    sources,
-    split_s3,
-    statuses,
-)
-from tests.deployment.harness import Deployment, wait_until
+from olmocr_tasks.testing.bucket import Bucket, split_s3
+from olmocr_tasks.testing.cluster import Deployment, wait_until
+from tests.deployment.published import assert_outputs_name_their_pages, converted, sources, statuses
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]
 

@@ -9,55 +9,20 @@ queued, so one watcher poll sees several messages, and the run(s) must convert e
 
 from __future__ import annotations
 
-import json
-import urllib.parse
-import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from tests.deployment.corpus import Bucket, assert_outputs_name_their_pages, sources, union_converted
-from tests.deployment.harness import Deployment, wait_until
+from olmocr_tasks.testing.bucket import Bucket
+from olmocr_tasks.testing.cluster import Deployment, wait_until
+from tests.deployment.published import assert_outputs_name_their_pages, sources, union_converted
+from tests.fixtures.s3 import s3_notification
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]
 
 DAG = "olmocr_s3_events"
 
-
-def s3_notification(bucket: str, *keys: str) -> str:
-    """The body S3 sends to SQS for ``ObjectCreated:Put`` of ``keys`` (keys URL-encoded as S3 does)."""
-    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    records = [
-        {
-            "eventVersion": "2.1",
-            "eventSource": "aws:s3",
-            "awsRegion": "us-east-1",
-            "eventTime": now,
-            "eventName": "ObjectCreated:Put",
-            "userIdentity": {"principalId": "AWS:EXAMPLE"},
-            "requestParameters": {"sourceIPAddress": "127.0.0.1"},
-            "responseElements": {"x-amz-request-id": uuid.uuid4().hex[:16], "x-amz-id-2": uuid.uuid4().hex},
-            "s3": {
-                "s3SchemaVersion": "1.0",
-                "configurationId": "olmocr-pdfs",
-                "bucket": {
-                    "name": bucket,
-                    "ownerIdentity": {"principalId": "EXAMPLE"},
-                    "arn": f"arn:aws:s3:::{bucket}",
-                },
-                "object": {
-                    "key": urllib.parse.quote_plus(key, safe="/"),
-                    "size": 1024,
-                    "eTag": uuid.uuid4().hex,
-                    "sequencer": uuid.uuid4().hex[:18].upper(),
-                },
-            },
-        }
-        for key in keys
-    ]
-    return json.dumps({"Records": records})
 
 
 def _queue_empty(bucket: Bucket, queue_url: str) -> bool:

@@ -10,8 +10,9 @@ from datetime import datetime
 import pytest
 
 from olmocr_tasks.config import ServerSettings
-from tests.deployment.corpus import Bucket, converted
-from tests.deployment.harness import Deployment
+from olmocr_tasks.testing.bucket import Bucket
+from olmocr_tasks.testing.cluster import Deployment
+from tests.deployment.published import converted
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(600)]
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.corpus import Bucket, assert_outputs_name_their_pages, converted, documents, sources
-from tests.deployment.harness import Deployment
+from olmocr_tasks.testing.bucket import Bucket
+from olmocr_tasks.testing.cluster import Deployment
+from tests.deployment.published import assert_outputs_name_their_pages, converted, documents, sources
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.deployment.harness import REPO_ROOT, AirflowApi, answers
-from tests.ports import PORT_ATTEMPTS, address_in_use, free_port
+from olmocr_tasks.testing.cluster import REPO_ROOT, AirflowApi, answers
+from olmocr_tasks.testing.ports import PORT_ATTEMPTS, address_in_use, free_port
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(900)]
 

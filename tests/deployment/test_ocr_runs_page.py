@@ -12,10 +12,11 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, expect
 
+from olmocr_tasks.testing.bucket import Bucket
+from olmocr_tasks.testing.cluster import Deployment
 from tests.deployment.browser import log_in
-from tests.deployment.corpus import Bucket, converted, sources
-from tests.deployment.harness import Deployment
-from tests.test_plugin_browser import SCREENSHOTS
+from tests.deployment.published import converted, sources
+from tests.fixtures.browser import SCREENSHOTS
 
 pytestmark = [pytest.mark.deployment, pytest.mark.browser, pytest.mark.timeout(1500)]
 

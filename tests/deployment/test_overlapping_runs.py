@@ -36,8 +36,9 @@ import httpx
 import pytest
 
 from olmocr_tasks.layout import safe_run_id
-from tests.deployment.corpus import Bucket, converted, documents, only, sources, statuses
-from tests.deployment.harness import Deployment
+from olmocr_tasks.testing.bucket import Bucket
+from olmocr_tasks.testing.cluster import Deployment
+from tests.deployment.published import converted, documents, only, sources, statuses
 from tests.deployment.schedule import MINUTE, interval, now, plan_started, run_ending
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]

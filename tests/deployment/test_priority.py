@@ -18,8 +18,9 @@ import pytest
 
 from olmocr_tasks.batching import DEFAULT_BYTES_PER_PAGE
 from olmocr_tasks.priority import AIRFLOW_WEIGHT, HIGH, LOW, VLLM_PRIORITY
-from tests.deployment.corpus import Bucket, converted
-from tests.deployment.harness import POOL, Deployment, wait_until
+from olmocr_tasks.testing.bucket import Bucket
+from olmocr_tasks.testing.cluster import POOL, Deployment, wait_until
+from tests.deployment.published import converted
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(900)]
 

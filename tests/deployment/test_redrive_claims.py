@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.corpus import Bucket, converted, documents, sources, statuses
-from tests.deployment.harness import Deployment, wait_until
-from tests.deployment.test_events import s3_notification
+from olmocr_tasks.testing.bucket import Bucket
+from olmocr_tasks.testing.cluster import Deployment, wait_until
+from tests.deployment.published import converted, documents, sources, statuses
+from tests.fixtures.s3 import s3_notification
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(900)]
 

@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 from olmocr_tasks.manifest import manifest_uri
-from tests.deployment.corpus import Bucket, assert_outputs_name_their_pages, converted, sources
-from tests.deployment.harness import CONSUMER_DAG, Deployment, wait_until
+from olmocr_tasks.testing.bucket import Bucket
+from olmocr_tasks.testing.cluster import CONSUMER_DAG, Deployment, wait_until
+from tests.deployment.published import assert_outputs_name_their_pages, converted, sources
 
 # The first test of a session also pays for starting the deployment (one to three minutes on a
 # loaded 2-core machine); runs wait on a real scheduler and real Celery workers.

@@ -1,4 +1,4 @@
-"""The throwaway PostgreSQL and Redis the harness starts on a machine where none answers on 127.0.0.1.
+"""The throwaway PostgreSQL and Redis ``olmocr_tasks.testing.cluster`` starts where none answers on 127.0.0.1.
 
 CI's machines and this one run both servers, so the tier normally uses them; this test forces the
 other path, so a fresh machine (where ``make test`` installs Debian's postgresql and redis-server)
@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import ports
-from tests.deployment import harness
-from tests.deployment.harness import Postgres, Redis, answers
+from olmocr_tasks.testing import cluster, ports
+from olmocr_tasks.testing.cluster import Postgres, Redis, answers
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(300)]
 
@@ -60,7 +59,7 @@ def test_a_throwaway_server_whose_port_was_taken_starts_again_on_a_fresh_one(
             offered.append(taken.getsockname()[1] if len(offered) % 2 == 0 else ports.free_port())
             return offered[-1]
 
-        monkeypatch.setattr(harness, "free_port", taken_first)
+        monkeypatch.setattr(cluster, "free_port", taken_first)
         postgres = Postgres.throwaway(tmp_path)
         broker = Redis.throwaway(tmp_path)
         try:

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page
 
+from olmocr_tasks.testing.bucket import Bucket
+from olmocr_tasks.testing.cluster import Deployment, wait_until
 from tests.deployment.browser import log_in
-from tests.deployment.corpus import Bucket, converted, only, statuses
-from tests.deployment.harness import Deployment, wait_until
+from tests.deployment.published import converted, only, statuses
 
 pytestmark = [pytest.mark.deployment, pytest.mark.browser, pytest.mark.timeout(1500)]
 

@@ -10,7 +10,7 @@ arrival order, or by the request's ``priority`` under ``scheduling_policy="prior
 Two ways to run it:
 
 * ``StandinServer``: in-process, on a background thread with its own event loop (fixtures).
-* ``python -m tests.standin``: a separate process (benchmarks), see ``tests/standin/__main__.py``.
+* ``python -m olmocr_tasks.testing.standin``: a separate process (benchmarks), see ``__main__.py`` here.
 
 All mutable state lives on the server's event loop; the thread wrapper marshals every call onto it.
 """
@@ -43,11 +43,11 @@ from PIL import Image, UnidentifiedImageError
 
 from olmocr_tasks.config import DEFAULT_MODEL
 from olmocr_tasks.protocol import format_front_matter
+from olmocr_tasks.testing.page_marker import Marker, read_marker
 from olmocr_tasks.vllm_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from olmocr_tasks.vllm_metrics import ServerMetrics, render_vllm_metrics
-from tests.page_marker import Marker, read_marker
 
-log = logging.getLogger("tests.standin")
+log = logging.getLogger("olmocr_tasks.testing.standin")
 
 # Faults answered before the request reaches the scheduler: a proxy or an overloaded front end
 # rejects them at once, so they never occupy a running slot.

@@ -4,7 +4,7 @@
 ``deployment``) as a pytest process of its own beside the rest of the suite, because the tier's tests
 share one expensive package-scoped fixture. It names a file in ``OLMOCR_TIER_RECORD``; the tests of a
 solo tier (``tests/conftest.py``) and the deployment harness at each start append one JSON line to it,
-with their process id. ``python -m tests.tier_record FILE`` then fails when a tier's tests ran in more
+with their process id. ``python -m olmocr_tasks.testing.tier_record FILE`` then fails when a tier's tests ran in more
 than one process (two deployments on a 2-core machine, module fixtures run twice) or a tier started its
 deployment more than once. Without the variable (a plain ``pytest`` run) nothing is recorded.
 """
@@ -76,7 +76,7 @@ def summary(entries: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m tests.tier_record RECORD_FILE", file=sys.stderr)
+        print("usage: python -m olmocr_tasks.testing.tier_record RECORD_FILE", file=sys.stderr)
         return 2
     entries = read(Path(argv[0]))
     found = problems(entries)

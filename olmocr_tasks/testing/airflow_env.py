@@ -4,19 +4,13 @@ Airflow reads its configuration when it is first imported, so the tests never im
 every Airflow action runs in a subprocess started with ``AirflowEnv.env``. Connections are passed
 as ``AIRFLOW_CONN_<ID>`` variables (JSON form), so each test can point them at its own servers.
 
-This module is also the driver those subprocesses run::
-
-    python -m tests.airflow_env dag-test DAG_ID [--logical-date ISO|none|now] [--conf JSON]
-
-It runs the DAG with ``dag.test()`` and prints ``DAG_TEST_RESULT {"state": ..., "run_id": ..., ...}``
-as its last line; the exit status is 0 only for a successful run. ``dag.test`` creates manual runs
-only, and this driver leaves them as they are: scheduled, backfill and asset-triggered runs are
-tested through a real scheduler and triggerer in ``tests/deployment/``.
+``AirflowEnv.dag_test`` runs one DAG run through the driver in ``olmocr_tasks.provider.testing``
+(which imports Airflow, so it lives on the provider side). Paths are this checkout's (``dags/``,
+``plugins/``): this is dev support for an editable install, not for a built wheel.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sqlite3
@@ -28,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from olmocr_tasks.testing import REPO_ROOT
+
+# The driver prints its summary on a line starting with this (olmocr_tasks.provider.testing).
 RESULT_PREFIX = "DAG_TEST_RESULT "
 POOL = "olmocr_vllm"
 
@@ -132,7 +128,7 @@ class AirflowEnv:
         timeout: float = 600,
     ) -> DagTestResult:
         """Run one manual DAG run to completion in a subprocess; ``logical_date`` None = no logical date."""
-        command = [sys.executable, "-m", "tests.airflow_env", "dag-test", dag_id]
+        command = [sys.executable, "-m", "olmocr_tasks.provider.testing", "dag-test", dag_id]
         command += ["--logical-date", "none" if logical_date is None else logical_date]
         if conf is not None:
             command += ["--conf", json.dumps(conf)]
@@ -177,45 +173,3 @@ def prepare(home: Path, pool_slots: int = 4) -> AirflowEnv:
     airflow.airflow("db", "migrate")
     airflow.airflow("pools", "set", POOL, str(pool_slots), "vLLM capacity for the tests")
     return airflow
-
-
-# ----------------------------------------------------------------------------------- the driver
-
-
-def _dag_test(args: argparse.Namespace) -> int:
-    from airflow.dag_processing.dagbag import DagBag
-    from airflow.sdk import timezone
-
-    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
-    if bag.import_errors:
-        print(json.dumps(bag.import_errors, indent=1), file=sys.stderr)
-    dag = bag.dags[args.dag_id]
-    logical: Any
-    if args.logical_date == "none":
-        logical = None
-    elif args.logical_date == "now":
-        logical = timezone.utcnow()
-    else:
-        logical = timezone.parse(args.logical_date)
-    conf = json.loads(args.conf) if args.conf else None
-    started = time.monotonic()
-    run = dag.test(logical_date=logical, run_conf=conf)
-    state = str(getattr(run.state, "value", run.state))
-    summary = {"state": state, "run_id": run.run_id, "seconds": round(time.monotonic() - started, 2)}
-    print(RESULT_PREFIX + json.dumps(summary), flush=True)
-    return 0 if state == "success" else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.airflow_env")
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("dag-test", help="run one DAG run with dag.test()")
-    run.add_argument("dag_id")
-    run.add_argument("--logical-date", default="now")
-    run.add_argument("--conf")
-    args = parser.parse_args(argv)
-    return _dag_test(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

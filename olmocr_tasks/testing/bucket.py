@@ -1,14 +1,13 @@
-"""What the deployment tests put into S3 and read back: generated PDFs in, manifests and outputs out.
+"""A bucket on a moto S3 server, through boto3 over HTTP: generated PDFs in, published manifests out.
 
-Every check reads what a run *published* (the manifest under ``OUTPUT/manifests/`` and the outputs it
-names), never task return values.
+Used by the deployment tests, the compose tests and ``bench/mapping.py``. Manifests are read as any
+reader reads them, through ``olmocr_tasks``' reader and storage. Needs the ``test`` extra (moto, pypdf).
 """
 
 from __future__ import annotations
 
 import io
 import random
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,8 +15,12 @@ from pypdf import PdfReader, PdfWriter
 
 from olmocr_tasks.manifest_reader import read_manifest
 from olmocr_tasks.storage import Storage
-from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
-from tests.pdfgen import text_pdf
+from olmocr_tasks.testing.pdfgen import text_pdf
+
+REGION = "us-east-1"
+# moto accepts any credentials; these name themselves so they are never mistaken for real ones.
+DUMMY_KEY = "testing-access-key"
+DUMMY_SECRET = "testing-secret-key"
 
 
 def padded_pdf(pages: int, doc_id: int, min_bytes: int = 0) -> bytes:
@@ -114,60 +117,3 @@ class Bucket:
     def keys(self, prefix: str) -> list[str]:
         pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.name, Prefix=prefix)
         return [item["Key"] for page in pages for item in page.get("Contents", [])]
-
-
-def sources(manifest: dict[str, Any]) -> list[str]:
-    """Every source the manifest lists, sorted, with repeats: compare it to ``sorted(wanted)``.
-
-    A list, not a set: a document listed twice is a document counted twice, and an "exactly once"
-    check must see it.
-    """
-    return sorted(doc["source"] for doc in manifest["documents"])
-
-
-def documents(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The manifest's documents by source URI; a source listed more than once fails the test here.
-
-    A dict keeps one entry per source, so every caller would otherwise miss a repeat.
-    """
-    listed = sources(manifest)
-    repeated = sorted({source for source in listed if listed.count(source) > 1})
-    assert not repeated, f"the manifest lists these sources more than once: {repeated}"
-    return {doc["source"]: doc for doc in manifest["documents"]}
-
-
-def statuses(manifest: dict[str, Any]) -> dict[str, str]:
-    """Each document's status (and why it was skipped or failed), for assertion messages."""
-    return {
-        doc["source"]: " ".join(filter(None, [doc["status"], doc.get("skip_reason"), doc.get("error_class")]))
-        for doc in manifest["documents"]
-    }
-
-
-def converted(manifest: dict[str, Any]) -> list[str]:
-    """The converted sources, sorted, with repeats (compare to ``sorted(wanted)``)."""
-    return sorted(doc["source"] for doc in manifest["documents"] if doc["status"] == "converted")
-
-
-def only(manifest: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """The manifest with only the documents under ``prefix`` (a test's own), repeats kept.
-
-    Runs of the DAGs' default input (scheduled runs, backfills without Params) also list and re-drive
-    other tests' PDFs there, so a test asserts exactly about its own prefix, not about the whole run.
-    """
-    return {**manifest, "documents": [doc for doc in manifest["documents"] if doc["source"].startswith(prefix)]}
-
-
-def assert_outputs_name_their_pages(bucket: Bucket, manifest: dict[str, Any], doc_ids: dict[str, int]) -> None:
-    """Every converted document's markdown holds the stand-in's transcription of each of its own pages."""
-    for source, doc in documents(manifest).items():
-        if doc["status"] != "converted":
-            continue
-        markdown = bucket.read_bytes(doc["outputs"]["markdown"]).decode()
-        for page in range(1, doc["pages"] + 1):
-            assert f"document {doc_ids[source]} page {page}" in markdown, (source, page)
-
-
-def union_converted(manifests: Iterable[dict[str, Any]]) -> list[str]:
-    """Every converted source across manifests, with repeats (a repeat is a document converted twice)."""
-    return sorted(source for manifest in manifests for source in converted(manifest))

@@ -1,6 +1,6 @@
 """Real PDFs for the tests, generated on the fly with reportlab (and pypdf where reportlab cannot).
 
-Every page that has content carries the identity marker of ``tests.page_marker`` so a render can be
+Every page that has content carries the identity marker of ``olmocr_tasks.testing.page_marker`` so a render can be
 traced back to its document and page, and a line of real text ``Document {doc_id} page {n}: ...``.
 The hostile inputs (encrypted, truncated, malformed, ...) are built from the same generator so they
 differ from a good PDF only in the property under test.
@@ -25,7 +25,7 @@ from reportlab.lib.pdfencrypt import StandardEncryption
 from reportlab.lib.utils import ImageReader
 from reportlab.pdfgen.canvas import Canvas
 
-from tests.page_marker import SENTINEL_RGB, identity_rgb, square_boxes
+from olmocr_tasks.testing.page_marker import SENTINEL_RGB, identity_rgb, square_boxes
 
 PageSize = tuple[float, float]
 
@@ -216,7 +216,7 @@ def zero_page_pdf() -> bytes:
         b"<< /Type /Catalog /Pages 2 0 R >>",
         b"<< /Type /Pages /Kids [] /Count 0 >>",
     ]
-    return _assemble(objects)
+    return assemble_pdf(objects)
 
 
 def huge_page_pdf(doc_id: int = 1, side: float = 14400.0) -> bytes:
@@ -249,7 +249,7 @@ def malformed_objects_pdf(kind: str = "bad_xref", doc_id: int = 1) -> bytes:
     raise ValueError(f"unknown kind {kind!r}")
 
 
-def _assemble(objects: Sequence[bytes]) -> bytes:
+def assemble_pdf(objects: Sequence[bytes]) -> bytes:
     """A minimal PDF file around numbered objects (object 1 is the catalog)."""
     out = bytearray(b"%PDF-1.4\n")
     offsets = []

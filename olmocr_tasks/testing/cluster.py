@@ -44,8 +44,8 @@ from typing import Any
 
 import httpx
 
-from tests import tier_record
-from tests.ports import PORT_ATTEMPTS, address_in_use, free_port
+from olmocr_tasks.testing import tier_record
+from olmocr_tasks.testing.ports import PORT_ATTEMPTS, address_in_use, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OUTPUT_ROOT = REPO_ROOT / "test-output" / "deployment"
@@ -438,7 +438,7 @@ class AirflowCluster:
             "AIRFLOW__CORE__PARALLELISM": "16",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "AIRFLOW__CORE__FERNET_KEY": self._secrets["fernet"],
-            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "tests.deployment.worker_identity.worker_hostname",
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "olmocr_tasks.testing.worker_identity.worker_hostname",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api_url}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
@@ -730,7 +730,7 @@ class Deployment:
 
     cluster: AirflowCluster
     moto_url: str
-    standin: Any  # tests.fixtures.standin.StandinProcess
+    standin: Any  # olmocr_tasks.testing.standin.process.StandinProcess
     bucket: str
     queue_url: str
     api: AirflowApi
@@ -779,12 +779,12 @@ def deployment(moto_url: str, *, pool_slots: int = 3, workers: int = 2) -> Itera
     """Start the whole test deployment; everything is stopped when the block exits, however it exits."""
     import boto3
 
-    from tests.airflow_env import aws_connection, vllm_connection
-    from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
-    from tests.fixtures.standin import start_standin_process
+    from olmocr_tasks.testing.airflow_env import aws_connection, vllm_connection
+    from olmocr_tasks.testing.bucket import DUMMY_KEY, DUMMY_SECRET, REGION
+    from olmocr_tasks.testing.standin.process import start_standin_process
 
     work_dir = session_dir()
-    # make test checks afterwards that this happened once in its run (tests/tier_record.py).
+    # make test checks afterwards that this happened once in its run (tier_record).
     tier_record.record(tier_record.START, "deployment", session=work_dir.name)
     clients = {
         "endpoint_url": moto_url,
