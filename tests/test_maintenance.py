@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from olmocr_tasks.manifest import safe_run_id
-from olmocr_tasks.pipeline import RunRequest, plan_run, run_conversion
+from olmocr_tasks.pipeline import run_conversion
+from olmocr_tasks.planning import plan_run
+from olmocr_tasks.run_request import RunRequest
 from olmocr_tasks.runs import RUNS_DIR, RunFolder
 from olmocr_tasks.storage import Storage
 from tests.airflow_env import AirflowEnv

@@ -188,7 +188,8 @@ def test_a_page_rescued_by_its_hedge_is_counted_in_the_published_manifest(
 ) -> None:
 
     from olmocr_tasks.config import ConversionSettings, ServerSettings
-    from olmocr_tasks.pipeline import RunRequest, run_conversion
+    from olmocr_tasks.pipeline import run_conversion
+    from olmocr_tasks.run_request import RunRequest
     from olmocr_tasks.storage import Storage
     from tests import pdfgen
 
@@ -234,7 +235,8 @@ def test_an_output_collision_failure_is_recorded_in_a_manifest_that_validates(
 
     from olmocr_tasks.config import ConversionSettings, ServerSettings
     from olmocr_tasks.outputs import OWNERS_DIR
-    from olmocr_tasks.pipeline import RunRequest, run_conversion
+    from olmocr_tasks.pipeline import run_conversion
+    from olmocr_tasks.run_request import RunRequest
     from olmocr_tasks.storage import Storage
     from tests import pdfgen
 
