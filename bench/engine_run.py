@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
 
     from olmocr_tasks.config import ConversionSettings, ServerSettings
-    from olmocr_tasks.pipeline import RunRequest, run_conversion
+    from olmocr_tasks.pipeline import run_conversion
+    from olmocr_tasks.run_request import RunRequest
     from olmocr_tasks.storage import Storage
 
     settings = ConversionSettings(

@@ -150,7 +150,8 @@ def child(argv: list[str]) -> int:
 
     from olmocr_tasks.config import ConversionSettings, ServerSettings
     from olmocr_tasks.errors import InfrastructureError
-    from olmocr_tasks.pipeline import RunRequest, run_conversion
+    from olmocr_tasks.pipeline import run_conversion
+    from olmocr_tasks.run_request import RunRequest
     from olmocr_tasks.storage import Storage
 
     settings = ConversionSettings(

@@ -1,9 +1,12 @@
 """``olmocr-tasks``: convert PDFs from the command line, or serve a local engine.
 
-Exit codes of ``convert``: 0 every document converted (or skipped as already converted), 1 some
-documents failed (the manifest says which and why), 2 usage error, 3 inference server unavailable,
-4 storage unavailable. ``serve-cpu`` and ``serve-vllm`` serve until SIGTERM/SIGINT and exit 0, 2 on a
-usage error (Tesseract or vLLM missing, an unset ``--api-key-env``), 1 when they cannot serve.
+Exit codes of ``convert`` follow the run's error-budget verdict, which its manifest records as an
+Airflow run's does: 0 within the budget (failed documents, if any, are listed and in the manifest),
+1 over the budget (more than ``--max-document-error-rate`` of its own documents failed, or some were
+not converted); and 2 usage error, 3 inference server unavailable (or refusing the run part-way: what
+it reached is published first), 4 storage unavailable. ``serve-cpu`` and ``serve-vllm`` serve until
+SIGTERM/SIGINT and exit 0, 2 on a usage error (Tesseract or vLLM missing, an unset ``--api-key-env``),
+1 when they cannot serve.
 """
 
 from __future__ import annotations
@@ -42,12 +45,19 @@ from olmocr_tasks.cpu_engine import (
 from olmocr_tasks.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
 from olmocr_tasks.manifest import SKIP_CLAIMED, SKIP_RETRY_LATER
 from olmocr_tasks.redaction import environment_secrets, install_log_redaction, redact_text
+from olmocr_tasks.run_settings import RunSettings
 from olmocr_tasks.vllm_launcher import VllmOptions, VllmSupervisor
 
 if TYPE_CHECKING:
     from olmocr_tasks.manifest_reader import ManifestReader
 
-EXIT_OK, EXIT_FAILED_DOCUMENTS, EXIT_USAGE, EXIT_SERVER, EXIT_STORAGE = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_BUDGET_EXCEEDED, EXIT_USAGE, EXIT_SERVER, EXIT_STORAGE = 0, 1, 2, 3, 4
+CONVERT_EXIT_CODES = (
+    "exit codes: 0 the run is within its error budget (its manifest records the verdict and lists any "
+    "failed documents), 1 the budget is exceeded (more than --max-document-error-rate of its own documents "
+    "failed, or some were not converted), 2 usage error, 3 inference server unavailable or refusing the run "
+    "(a refusal part-way publishes what the run reached first), 4 storage unavailable"
+)
 
 log = logging.getLogger("olmocr_tasks")
 
@@ -73,11 +83,21 @@ def _rate(text: str) -> float:
     return value
 
 
+def _add_max_failed_attempts(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-failed-attempts",
+        type=_positive_int,
+        default=RunSettings.max_failed_attempts,
+        help=f"runs before a dead letter (default {RunSettings.max_failed_attempts})",
+    )
+
+
 def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "convert",
         help="convert a PDF, a folder of PDFs or an s3:// prefix",
         description="Convert PDFs to Dolma JSONL and markdown with olmOCR on an OpenAI-compatible server.",
+        epilog=CONVERT_EXIT_CODES,
     )
     parser.add_argument("input", help="a PDF file, a local folder (recursive) or s3://bucket/prefix")
     parser.add_argument("output", help="a local folder or s3://bucket/prefix")
@@ -93,13 +113,26 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-concurrent-requests", type=_positive_int, default=ConcurrencySettings.max_concurrent_requests
     )
-    parser.add_argument("--max-page-retries", type=_positive_int, default=8)
-    parser.add_argument("--max-page-error-rate", type=_rate, default=0.004)
-    parser.add_argument("--target-longest-image-dim", type=_positive_int, default=1288)
+    parser.add_argument("--max-page-retries", type=_positive_int, default=PageSettings.max_page_retries)
+    parser.add_argument(
+        "--max-page-error-rate",
+        type=_rate,
+        default=ConversionSettings.max_page_error_rate,
+        help="a document fails when more than this share of its pages fell back to the text layer "
+        f"(default {ConversionSettings.max_page_error_rate:g})",
+    )
+    parser.add_argument(
+        "--max-document-error-rate",
+        type=_rate,
+        default=RunSettings.max_document_error_rate,
+        help="the run fails (exit 1, after publishing its manifest) when more than this share of its own "
+        f"documents failed (default {RunSettings.max_document_error_rate:g}; 0: any failure)",
+    )
+    parser.add_argument("--target-longest-image-dim", type=_positive_int, default=PageSettings.target_longest_image_dim)
     parser.add_argument("--no-markdown", action="store_true", help="write Dolma JSONL only")
     parser.add_argument("--reprocess", action="store_true", help="convert again even if already converted")
     parser.add_argument("--max-documents", type=_positive_int, help="convert at most this many documents")
-    parser.add_argument("--max-failed-attempts", type=_positive_int, default=3, help="runs before a dead letter")
+    _add_max_failed_attempts(parser)
     parser.add_argument("--retry-dead-letters", action="store_true", help="convert dead letters once more")
     parser.add_argument(
         "--retry-interval",
@@ -203,7 +236,8 @@ def default_run_id(now: datetime | None = None) -> str:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from olmocr_tasks.pipeline import RunRequest, run_conversion
+    from olmocr_tasks.pipeline import run_conversion
+    from olmocr_tasks.run_request import RunRequest
     from olmocr_tasks.storage import Storage
 
     api_key = _api_key_from_env(args.api_key_env)
@@ -249,14 +283,16 @@ def _convert(args: argparse.Namespace) -> int:
         settings=settings,
         reprocess=args.reprocess,
         max_documents=args.max_documents,
-        max_failed_attempts=args.max_failed_attempts,
+        run_settings=RunSettings(
+            max_document_error_rate=args.max_document_error_rate, max_failed_attempts=args.max_failed_attempts
+        ),
         retry_dead_letters=args.retry_dead_letters,
         retry_interval=timedelta(seconds=max(args.retry_interval, 0.0)),
         claim_expiry_s=args.claim_expiry,
     )
     manifest, uri = run_conversion(request, Storage(), progress_stream=sys.stderr)
     _print_summary(manifest, uri)
-    return EXIT_FAILED_DOCUMENTS if manifest.counts()["failed"] else EXIT_OK
+    return EXIT_BUDGET_EXCEEDED if manifest.error_budget().get("exceeded") else EXIT_OK
 
 
 def _add_dead_letters_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -269,14 +305,14 @@ def _add_dead_letters_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("output", help="a local folder or s3://bucket/prefix")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"served model name (default {DEFAULT_MODEL})")
-    parser.add_argument("--target-longest-image-dim", type=_positive_int, default=1288)
-    parser.add_argument("--max-failed-attempts", type=_positive_int, default=3, help="runs before a dead letter")
+    parser.add_argument("--target-longest-image-dim", type=_positive_int, default=PageSettings.target_longest_image_dim)
+    _add_max_failed_attempts(parser)
     parser.set_defaults(func=_dead_letters)
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
     from olmocr_tasks.ledger import conversion_key
-    from olmocr_tasks.pipeline import list_dead_letters
+    from olmocr_tasks.planning import list_dead_letters
     from olmocr_tasks.protocol import PROMPT_VERSION
     from olmocr_tasks.storage import Storage
 
@@ -374,6 +410,11 @@ def _print_summary(manifest: ManifestReader, uri: str) -> None:
             print(f"  left for later: {doc.source}: claimed by run {doc.claimed_by}")
         elif doc.skip_reason == SKIP_RETRY_LATER:
             print(f"  left for later: {doc.source}: failed recently, tried again from {doc.retry_from}")
+    verdict = manifest.error_budget()
+    if verdict.get("exceeded"):
+        print("error budget exceeded: " + "; ".join(verdict.get("problems") or ()))
+    elif verdict:
+        print(f"within the error budget ({verdict['max_document_error_rate']:.1%} of documents may fail)")
     print(f"manifest: {uri}")
 
 

@@ -52,7 +52,7 @@ from olmocr_tasks.pages import PageConverter
 from olmocr_tasks.progress import ProgressReporter
 from olmocr_tasks.protocol import PROMPT_VERSION, RequestBodyBuilder
 from olmocr_tasks.render_pool import RenderPool
-from olmocr_tasks.results import DocumentResult, PageResult
+from olmocr_tasks.results import DocumentResult, DocumentTotals, PageResult
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.uri import is_s3
 
@@ -400,7 +400,7 @@ class ConversionEngine:
                     task.result() for task in tasks if task.done() and not task.cancelled() and not task.exception()
                 ]
                 entry.pages, entry.fallback_pages = info.page_count, fallbacks
-                entry.attempts = sum(result.attempts for result in finished)
+                entry.attempts = DocumentTotals.of(finished).attempts
                 raise _first_leaf(document) from None
             raise
         pages = [task.result() for task in tasks]

@@ -10,26 +10,12 @@ untrusted input). Airflow-free: ``olmocr_tasks.provider.notifications`` sends it
 from __future__ import annotations
 
 import html
-from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from olmocr_tasks.manifest import OUTCOME_COUNT_KEYS
 from olmocr_tasks.redaction import redact_url
-
-# Counts worth a line in the report, in this order (keys of the publish summary).
-REPORTED_COUNTS = ("documents", "converted", "failed", "skipped", "not_converted", "dead_letters")
-
-
-def error_class_counts(documents: Iterable[Any]) -> dict[str, int]:
-    """How many failed documents each error class has (``DocumentEntry`` objects or their dicts)."""
-    classes: Counter[str] = Counter()
-    for doc in documents:
-        status = doc["status"] if isinstance(doc, Mapping) else doc.status
-        error_class = doc.get("error_class") if isinstance(doc, Mapping) else doc.error_class
-        if status == "failed":
-            classes[error_class or "unknown"] += 1
-    return dict(sorted(classes.items(), key=lambda item: (-item[1], item[0])))
 
 
 @dataclass(frozen=True)
@@ -57,7 +43,7 @@ class FailureReport:
         rows.append(("Manifest", self.manifest or "none: the run failed before its manifest was published"))
         rows += [
             (name.replace("_", " ").capitalize(), str(self.counts[name]))
-            for name in REPORTED_COUNTS
+            for name in OUTCOME_COUNT_KEYS
             if name in self.counts
         ]
         if self.error_classes:
@@ -112,7 +98,7 @@ def build_failure_report(
         reason=reason or "failed",
         failed_task=failed_task,
         manifest=redact_url(manifest) if manifest else None,
-        counts={name: int(summary[name]) for name in REPORTED_COUNTS if isinstance(summary.get(name), int)},
+        counts={name: int(summary[name]) for name in OUTCOME_COUNT_KEYS if isinstance(summary.get(name), int)},
         error_classes=dict(summary.get("error_classes") or {}),
         problems=tuple(str(problem) for problem in verdict.get("problems") or ()),
     )

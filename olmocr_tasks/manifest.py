@@ -54,6 +54,34 @@ NOT_CONVERTED = "not_converted"
 SKIP_CLAIMED = "claimed"
 SKIP_RETRY_LATER = "retry_later"
 LEFT_FOR_LATER = frozenset({SKIP_CLAIMED, SKIP_RETRY_LATER})
+# The keys of a summary's ``counts``, in the order it writes them; every reader of counts uses these.
+# Folded from the entries (``RunTotals``): statuses, pages and tokens of converted documents, what the
+# server spent, and how the error budget and re-drive saw them.
+STATUSES: tuple[Status, ...] = ("converted", "failed", "skipped")
+PAGE_COUNT_KEYS = ("pages", "fallback_pages")
+ENTRY_COUNT_KEYS = (
+    "documents",
+    *STATUSES,
+    *PAGE_COUNT_KEYS,
+    "input_tokens",
+    "output_tokens",
+    "server_input_tokens",
+    "server_output_tokens",
+    "attempts",
+    "hedged",
+    NOT_CONVERTED,
+    "redriven",
+    "redriven_failed",
+    SKIP_CLAIMED,
+    SKIP_RETRY_LATER,
+    "judged",
+    "judged_failed",
+)
+# Counted by the plan, outside the entries: dead letters, and documents earlier runs converted.
+PLAN_COUNT_KEYS = ("dead_letters", "already_converted")
+COUNT_KEYS = ENTRY_COUNT_KEYS + PLAN_COUNT_KEYS
+# How a run's documents ended, the counts a report about a run leads with.
+OUTCOME_COUNT_KEYS = ("documents", *STATUSES, NOT_CONVERTED, "dead_letters")
 # What ``metrics.cost.gpu_seconds`` counts: the GPU-busy seconds the batches measured from vLLM's
 # /metrics (``gpu_busy``), or the run's wall-clock time when some batch could not measure them.
 COST_BASIS_METRICS = "vllm_metrics_busy"
@@ -235,7 +263,7 @@ class Manifest:
     gpu_hour_price: float | None = None
     # The GPU-busy seconds the run's batches measured, summed (None: no batch reported, older manifests).
     gpu_busy: GpuBusy | None = None
-    # Set by ``judge_error_budget`` (the Airflow publish task): the budget and whether this run exceeded it.
+    # Set by ``judge_error_budget`` when the run is published: the budget and whether this run exceeded it.
     error_budget: dict[str, Any] | None = None
     # Set by the Airflow publish task: the DAG run (id, type, data interval) this manifest belongs to.
     airflow_run: dict[str, Any] | None = None
@@ -261,8 +289,9 @@ class Manifest:
     def judge_error_budget(self, max_document_error_rate: float) -> dict[str, Any]:
         """Record (in ``error_budget``) and return whether this run counts as failed, and why.
 
-        The only place the run-level budget is judged: the Airflow enforce task and the OCR runs page
-        read the verdict from the manifest instead of judging again.
+        The only place the run-level budget is judged (``olmocr_tasks.publishing``, for the CLI and the
+        Airflow tasks): the Airflow enforce task, the CLI's exit code and the OCR runs page read the
+        verdict from the manifest instead of judging again.
         """
         self.error_budget = {
             "max_document_error_rate": max_document_error_rate,
@@ -406,10 +435,12 @@ def _stored_storage_requests(data: Any) -> dict[str, Any] | None:
 
 
 def _empty_counts() -> dict[str, int]:
-    keys = ("documents", "converted", "failed", "skipped", "pages", "fallback_pages", "input_tokens", "output_tokens")
-    keys += ("server_input_tokens", "server_output_tokens", "attempts", "hedged", NOT_CONVERTED)
-    keys += ("redriven", "redriven_failed", SKIP_CLAIMED, SKIP_RETRY_LATER, "judged", "judged_failed")
-    return dict.fromkeys(keys, 0)
+    return dict.fromkeys(ENTRY_COUNT_KEYS, 0)
+
+
+def error_class_counts(documents: Iterable[DocumentEntry]) -> dict[str, int]:
+    """Failed documents per error class, most frequent first, by the rule a run's totals fold them."""
+    return RunTotals.of(documents).sorted_error_classes()
 
 
 def count_entries(documents: Iterable[DocumentEntry]) -> dict[str, int]:

@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
 
-from olmocr_tasks.failure_report import error_class_counts
 from olmocr_tasks.layout import shards_folder
 from olmocr_tasks.manifest import (
     DEAD_LETTERS_KIND,
     DOCUMENTS_KIND,
     DocumentEntry,
     Manifest,
+    error_class_counts,
     manifest_uri,
 )
 from olmocr_tasks.storage import Storage
@@ -80,6 +80,10 @@ class ManifestReader:
     def metrics(self) -> dict[str, Any]:
         return dict(self.summary.get("metrics") or {})
 
+    def error_budget(self) -> dict[str, Any]:
+        """The run's error-budget verdict as published (empty for a manifest published without one)."""
+        return dict(self.summary.get("error_budget") or {})
+
     @property
     def already_converted(self) -> int:
         return int(self.counts().get("already_converted", 0))
@@ -93,7 +97,7 @@ class ManifestReader:
         """Failed documents per error class: from the summary (schema 3), else counted from the entries."""
         if "error_classes" in self.summary:
             return dict(self.summary["error_classes"])
-        return error_class_counts(self.iter_documents())
+        return error_class_counts(DocumentEntry.from_dict(doc) for doc in self.iter_documents())
 
     def manifest(self) -> Manifest:
         """The summary as a ``Manifest`` (counts, metrics, cost; inline entries of old manifests kept)."""

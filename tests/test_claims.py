@@ -18,8 +18,9 @@ import pytest
 from olmocr_tasks.claims import Blocked, Claim, ClaimBook, ClaimHolder
 from olmocr_tasks.layout import ConversionState, OutputLocation
 from olmocr_tasks.ledger import Ledger
-from olmocr_tasks.pipeline import RunRequest, run_conversion
+from olmocr_tasks.pipeline import run_conversion
 from olmocr_tasks.retention import clean_output
+from olmocr_tasks.run_request import RunRequest
 from olmocr_tasks.storage import ObjectInfo, Storage
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
 
 import boto3
@@ -11,7 +13,7 @@ import pytest
 from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer
-from tests.reliability_checks import FAST_CLI, run_cli
+from tests.reliability_checks import FAST_CLI, cli_command, cli_env, run_cli
 
 
 def test_converts_a_folder_exit_0_then_nothing_to_do(tmp_path: Path, standin: StandinServer) -> None:
@@ -41,12 +43,77 @@ def test_single_file_and_no_markdown(tmp_path: Path, standin: StandinServer) -> 
     assert not (tmp_path / "out" / "markdown").exists()
 
 
-def test_failed_documents_exit_1_and_are_listed(tmp_path: Path, standin: StandinServer) -> None:
+def test_failed_documents_over_the_budget_exit_1_and_the_manifest_carries_the_verdict(
+    tmp_path: Path, standin: StandinServer
+) -> None:
     pdfgen.write_pdf(tmp_path / "in" / "good.pdf", pdfgen.text_pdf(1, doc_id=1))
     pdfgen.write_pdf(tmp_path / "in" / "locked.pdf", pdfgen.encrypted_pdf())
-    result = run_cli("convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, *FAST_CLI)
+    result = run_cli(
+        "convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, "--run-id", "over", *FAST_CLI
+    )
     assert result.returncode == 1
     assert "locked.pdf: encrypted" in result.stdout and "converted 1, failed 1" in result.stdout
+    problem = "1 of 2 documents failed (50.0%), over the budget of 5.0%"
+    assert f"error budget exceeded: {problem}" in result.stdout
+    # Judged as an Airflow run's publish task judges it, with the default budget.
+    manifest = load_whole(str(tmp_path / "out" / "manifests" / "over.json"))
+    assert manifest["error_budget"] == {"max_document_error_rate": 0.05, "exceeded": True, "problems": [problem]}
+    assert manifest["airflow_run"] is None
+
+
+def test_failed_documents_within_the_budget_exit_0(tmp_path: Path, standin: StandinServer) -> None:
+    pdfgen.write_pdf(tmp_path / "in" / "good.pdf", pdfgen.text_pdf(1, doc_id=1))
+    pdfgen.write_pdf(tmp_path / "in" / "locked.pdf", pdfgen.encrypted_pdf())
+    result = run_cli(
+        "convert", str(tmp_path / "in"), str(tmp_path / "out"), "--server", standin.url, "--run-id", "within",
+        "--max-document-error-rate", "0.5", *FAST_CLI,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "locked.pdf: encrypted" in result.stdout and "within the error budget (50.0%" in result.stdout
+    manifest = load_whole(str(tmp_path / "out" / "manifests" / "within.json"))
+    assert manifest["error_budget"] == {"max_document_error_rate": 0.5, "exceeded": False, "problems": []}
+    assert manifest["counts"]["failed"] == 1
+
+
+def test_a_server_refusing_the_run_part_way_publishes_what_it_reached_and_exits_3(
+    tmp_path: Path, standin: StandinServer
+) -> None:
+    """A key rotated mid-run: the run's unfinished documents are published as not converted, over budget."""
+    standin.configure(api_key="key-before", always={"1:1": "hang"})
+    pdfgen.write_pdf(tmp_path / "in" / "hung.pdf", pdfgen.text_pdf(1, doc_id=1))
+    pdfgen.write_pdf(tmp_path / "in" / "quick.pdf", pdfgen.text_pdf(1, doc_id=2))
+    out = tmp_path / "out"
+    args = ["convert", str(tmp_path / "in"), str(out), "--server", standin.url, "--api-key-env", "OLMOCR_TEST_KEY"]
+    process = subprocess.Popen(
+        cli_command(*args, "--run-id", "refused", *FAST_CLI),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env({"OLMOCR_TEST_KEY": "key-before"}),
+    )
+    # Once the hung page's request is in, the key is rotated: its retry (after the read timeout) is refused.
+    deadline = time.monotonic() + 60
+    while not any(record.get("fault") == "hang" for record in standin.requests()):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    standin.configure(api_key="key-after")
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 3 and "401" in stderr, stderr
+
+    manifest = load_whole(str(out / "manifests" / "refused.json"))
+    hung = next(doc for doc in manifest["documents"] if doc["source"].endswith("hung.pdf"))
+    assert (hung["status"], hung["error_class"]) == ("failed", "not_converted")
+    assert "refused this run" in hung["error"]
+    assert manifest["counts"]["not_converted"] >= 1
+    verdict = manifest["error_budget"]
+    assert verdict["exceeded"] is True
+    assert any("were in convert tasks that failed" in problem for problem in verdict["problems"])
+
+    # With the new key the next run converts what the refused one did not.
+    standin.configure(always={"1:1": None})
+    again = run_cli(*args, *FAST_CLI, env={"OLMOCR_TEST_KEY": "key-after"})
+    assert again.returncode == 0, again.stderr
+    assert "failed 0" in again.stdout and any(out.glob("**/hung.md")) is not False
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from olmocr_tasks.config import ConversionSettings, ServerSettings
 from olmocr_tasks.manifest import DocumentEntry
-from olmocr_tasks.pipeline import RunRequest, cli_batch_key, convert_batch, plan_run, run_conversion
+from olmocr_tasks.pipeline import cli_batch_key, convert_batch, run_conversion
+from olmocr_tasks.planning import plan_run
+from olmocr_tasks.run_request import RunRequest
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer

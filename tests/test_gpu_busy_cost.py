@@ -19,7 +19,8 @@ import pytest
 from olmocr_tasks.config import ConversionSettings, ServerSettings
 from olmocr_tasks.gpu_busy import GpuBusy, GpuBusyMeter, total_gpu_busy
 from olmocr_tasks.manifest import DocumentEntry, Manifest
-from olmocr_tasks.pipeline import RunRequest, run_conversion
+from olmocr_tasks.pipeline import run_conversion
+from olmocr_tasks.run_request import RunRequest
 from olmocr_tasks.runs import RunFolder
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.testing import pdfgen

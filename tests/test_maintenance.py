@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from olmocr_tasks.layout import OutputLocation, safe_run_id
-from olmocr_tasks.pipeline import RunRequest, plan_run, run_conversion
+from olmocr_tasks.pipeline import run_conversion
+from olmocr_tasks.planning import plan_run
+from olmocr_tasks.run_request import RunRequest
 from olmocr_tasks.runs import RunFolder
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.testing.airflow_env import AirflowEnv

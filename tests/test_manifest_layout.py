@@ -30,8 +30,12 @@ from olmocr_tasks.manifest import (
     write_manifest,
 )
 from olmocr_tasks.manifest_reader import ManifestReader, load_whole, read_manifest
-from olmocr_tasks.pipeline import RunRequest, convert_batch, plan_run, publish_run
+from olmocr_tasks.pipeline import convert_batch
+from olmocr_tasks.planning import plan_run
+from olmocr_tasks.publishing import publish_run
 from olmocr_tasks.retention import clean_output
+from olmocr_tasks.run_request import RunRequest
+from olmocr_tasks.run_settings import RunSettings
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer
@@ -338,7 +342,8 @@ def test_retention_removes_the_shards_no_summary_names(tmp_path: Path) -> None:
 def _real_run(output_uri: str, storage: RecordingStorage, standin: StandinServer, inbox: Path) -> ManifestReader:
     for doc_id in range(1, 7):
         pdfgen.write_pdf(inbox / f"d{doc_id}.pdf", pdfgen.text_pdf(1, doc_id=doc_id))
-    request = RunRequest(str(inbox), output_uri, "streamed", settings=quick_settings(standin.url))
+    budget = RunSettings(max_document_error_rate=0.5)
+    request = RunRequest(str(inbox), output_uri, "streamed", settings=quick_settings(standin.url), run_settings=budget)
     folder = request.run_folder(storage, "p1-abc")
     plan = plan_run(request, storage)
     folder.write_plan(plan)
@@ -346,11 +351,13 @@ def _real_run(output_uri: str, storage: RecordingStorage, standin: StandinServer
     convert_batch(request, storage, "b00000", plan.sources[:3], folder=folder, try_number=1)
     convert_batch(request, storage, "b00001", plan.sources[3:5], folder=folder, try_number=1)
     storage.writes.clear()
-    published = publish_run(request, storage, folder, plan, max_document_error_rate=0.5, shard_entries=2)
+    published = publish_run(request, storage, folder, plan, shard_entries=2)
     assert storage.writes[-1] == published.uri and published.not_converted == 1
-    # Every shard, then the summary (the ledger's failure marker of the lost document before both).
+    # Every shard, then the ledger's failure marker of the lost document, then the summary.
     shard_writes = [uri for uri in storage.writes if uri.endswith(".jsonl.gz")]
-    assert storage.writes[-len(shard_writes) - 1 : -1] == shard_writes and len(shard_writes) == 3
+    assert len(shard_writes) == 3 and storage.writes[: len(shard_writes)] == shard_writes
+    ledger_writes = storage.writes[len(shard_writes) : -1]
+    assert ledger_writes and all("/_state/" in uri for uri in ledger_writes), storage.writes
     manifest = read_manifest(storage, output_uri, "streamed")
     assert manifest is not None and manifest.shard_uris() == shard_writes
     return manifest

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from aiosmtpd.controller import Controller
 
-from olmocr_tasks.failure_report import build_failure_report, error_class_counts
+from olmocr_tasks.failure_report import build_failure_report
+from olmocr_tasks.manifest import DocumentEntry, error_class_counts
 from olmocr_tasks.manifest_reader import load_whole
 from olmocr_tasks.provider.notifications import NotifierConfigError, make_notifier, parse_notifier_config
 from olmocr_tasks.testing import pdfgen
@@ -47,11 +48,11 @@ SUMMARY = {
 
 def test_error_classes_are_counted_from_failed_entries() -> None:
     documents = [
-        {"status": "failed", "error_class": "corrupt_pdf"},
-        {"status": "failed", "error_class": "too_large"},
-        {"status": "failed", "error_class": "corrupt_pdf"},
-        {"status": "converted", "error_class": None},
-        {"status": "failed", "error_class": None},
+        DocumentEntry(source="a", status="failed", error_class="corrupt_pdf"),
+        DocumentEntry(source="b", status="failed", error_class="too_large"),
+        DocumentEntry(source="c", status="failed", error_class="corrupt_pdf"),
+        DocumentEntry(source="d", status="converted"),
+        DocumentEntry(source="e", status="failed"),
     ]
     assert error_class_counts(documents) == {"corrupt_pdf": 2, "too_large": 1, "unknown": 1}
 

@@ -25,8 +25,9 @@ from olmocr_tasks.outputs import (
     output_uris,
     write_document_outputs,
 )
-from olmocr_tasks.pipeline import RunRequest, run_conversion
+from olmocr_tasks.pipeline import run_conversion
 from olmocr_tasks.results import DocumentResult, PageResult
+from olmocr_tasks.run_request import RunRequest
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.testing.airflow_env import AirflowEnv
 from olmocr_tasks.testing.pdfgen import text_pdf

@@ -24,7 +24,6 @@ from olmocr_runs import create_app  # isort: skip
 pytestmark = pytest.mark.browser
 
 
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory, runs: RealRuns) -> Iterator[str]:
     """The app over the real runs' manifests, served by uvicorn on a free loopback port in a thread."""

@@ -161,9 +161,9 @@ def test_a_low_priority_run_is_planned_short_and_renders_niced(monkeypatch: pyte
     """What a run's class changes in the task code: the plan's waves and the render workers' niceness,
     each with its setting (0 switches the niceness off; a nonsense value is a configuration error)."""
     from olmocr_tasks.batching import LOW_CLASS_MIN_WAVES
-    from olmocr_tasks.pipeline import RunRequest
     from olmocr_tasks.priority import RENDER_NICE
     from olmocr_tasks.provider.tasks import batching_rule, render_nice
+    from olmocr_tasks.run_request import RunRequest
 
     for name in ("OLMOCR_LOW_CLASS_WAVES", "OLMOCR_LOW_PRIORITY_NICE", "OLMOCR_BATCH_PAGES"):
         monkeypatch.delenv(name, raising=False)

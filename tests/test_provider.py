@@ -32,10 +32,12 @@ from olmocr_tasks.errors import (
 )
 from olmocr_tasks.manifest import DocumentEntry, Manifest
 from olmocr_tasks.manifest_reader import load_whole
+from olmocr_tasks.planning import batch_label
 from olmocr_tasks.provider import hooks, tasks
 from olmocr_tasks.provider import params as dag_params
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
 from olmocr_tasks.provider.triggers import VllmReadyTrigger
+from olmocr_tasks.run_settings import RunSettings
 from olmocr_tasks.storage import ObjectInfo, Storage
 from olmocr_tasks.testing.airflow_env import REPO_ROOT, aws_connection, base_env
 from olmocr_tasks.testing.standin.server import StandinServer
@@ -141,7 +143,7 @@ def test_build_request_for_a_scheduled_run_uses_its_interval() -> None:
     assert request.settings.server.connection.model == "m/1"
     assert request.settings.server.concurrency.max_concurrent_requests == 7
     assert request.settings.max_page_error_rate == 0.004
-    assert request.max_failed_attempts == 3
+    assert request.run_settings == RunSettings(max_document_error_rate=0.05, max_failed_attempts=3)
 
 
 @pytest.mark.usefixtures("vllm_conn")
@@ -299,12 +301,12 @@ def _source(uri: str) -> SourceDocument:
 
 def test_batch_labels() -> None:
     one = [_source("s3://b/inbox/2026/report.pdf")]
-    assert tasks.batch_label(one, "s3://b/inbox/") == "2026/report.pdf"
-    assert tasks.batch_label(one, "s3://b/elsewhere/") == "inbox/2026/report.pdf"
+    assert batch_label(one, "s3://b/inbox/") == "2026/report.pdf"
+    assert batch_label(one, "s3://b/elsewhere/") == "inbox/2026/report.pdf"
     many = [_source(f"/data/in/sub/{name}.pdf") for name in ("a", "m", "z")]
-    assert tasks.batch_label(many, "/data/in") == "3 documents: a.pdf … z.pdf"
+    assert batch_label(many, "/data/in") == "3 documents: a.pdf … z.pdf"
     long = [_source("/in/" + "x" * 300 + ".pdf")]
-    assert len(tasks.batch_label(long, "/in")) <= 120
+    assert len(batch_label(long, "/in")) <= 120
 
 
 def test_params_form() -> None:

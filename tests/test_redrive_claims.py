@@ -23,7 +23,10 @@ from olmocr_tasks.config import ConversionSettings, ServerSettings
 from olmocr_tasks.layout import ConversionState
 from olmocr_tasks.ledger import Ledger
 from olmocr_tasks.manifest_reader import load_whole
-from olmocr_tasks.pipeline import SINGLE_BATCH, RunRequest, build_manifest, convert_batch, plan_run, run_conversion
+from olmocr_tasks.pipeline import SINGLE_BATCH, convert_batch, run_conversion
+from olmocr_tasks.planning import plan_run
+from olmocr_tasks.publishing import build_manifest
+from olmocr_tasks.run_request import RunRequest
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer

@@ -18,14 +18,10 @@ from typing import Any
 import pytest
 
 from olmocr_tasks.errors import ServerUnavailable
-from olmocr_tasks.pipeline import (
-    RunRequest,
-    build_manifest,
-    convert_batch,
-    plan_run,
-    publish_manifest,
-    run_conversion,
-)
+from olmocr_tasks.pipeline import convert_batch, run_conversion
+from olmocr_tasks.planning import plan_run
+from olmocr_tasks.publishing import build_manifest, publish_manifest
+from olmocr_tasks.run_request import RunRequest
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer

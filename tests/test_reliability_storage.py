@@ -14,7 +14,8 @@ import boto3
 import pytest
 
 from olmocr_tasks.errors import StorageError
-from olmocr_tasks.pipeline import RunRequest, run_conversion
+from olmocr_tasks.pipeline import run_conversion
+from olmocr_tasks.run_request import RunRequest
 from olmocr_tasks.storage import RetryPolicy, Storage
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer

@@ -167,7 +167,8 @@ def test_a_page_rescued_by_its_hedge_is_counted_in_the_published_manifest(
 ) -> None:
 
     from olmocr_tasks.config import ConversionSettings, ServerSettings
-    from olmocr_tasks.pipeline import RunRequest, run_conversion
+    from olmocr_tasks.pipeline import run_conversion
+    from olmocr_tasks.run_request import RunRequest
     from olmocr_tasks.storage import Storage
     from olmocr_tasks.testing import pdfgen
 
@@ -213,7 +214,8 @@ def test_an_output_collision_failure_is_recorded_in_a_manifest_that_validates(
 
     from olmocr_tasks.config import ConversionSettings, ServerSettings
     from olmocr_tasks.layout import OutputLocation
-    from olmocr_tasks.pipeline import RunRequest, run_conversion
+    from olmocr_tasks.pipeline import run_conversion
+    from olmocr_tasks.run_request import RunRequest
     from olmocr_tasks.storage import Storage
     from olmocr_tasks.testing import pdfgen
 

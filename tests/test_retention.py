@@ -23,8 +23,10 @@ from typing import Any
 from olmocr_tasks.layout import safe_run_id
 from olmocr_tasks.ledger import Ledger
 from olmocr_tasks.page_store import PageStore
-from olmocr_tasks.pipeline import RunRequest, plan_run, run_conversion
+from olmocr_tasks.pipeline import run_conversion
+from olmocr_tasks.planning import plan_run
 from olmocr_tasks.retention import clean_output
+from olmocr_tasks.run_request import RunRequest
 from olmocr_tasks.runs import RunFolder, new_plan_id
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.testing.pdfgen import text_pdf

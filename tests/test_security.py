@@ -31,14 +31,10 @@ import pytest
 from olmocr_tasks.config import ServerSettings
 from olmocr_tasks.errors import ServerNotReady
 from olmocr_tasks.manifest_reader import load_whole
-from olmocr_tasks.pipeline import (
-    RunRequest,
-    build_manifest,
-    convert_batch,
-    plan_run,
-    publish_manifest,
-    run_conversion,
-)
+from olmocr_tasks.pipeline import convert_batch, run_conversion
+from olmocr_tasks.planning import plan_run
+from olmocr_tasks.publishing import build_manifest, publish_manifest
+from olmocr_tasks.run_request import RunRequest
 from olmocr_tasks.storage import Storage
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.airflow_env import AirflowEnv, aws_connection, vllm_connection

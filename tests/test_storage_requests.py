@@ -13,7 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from olmocr_tasks.pipeline import RunRequest, convert_batch, plan_run, publish_run
+from olmocr_tasks.pipeline import convert_batch
+from olmocr_tasks.planning import plan_run
+from olmocr_tasks.publishing import publish_run
+from olmocr_tasks.run_request import RunRequest
 from olmocr_tasks.runs import RunFolder
 from olmocr_tasks.storage import REQUEST_KINDS, RetryPolicy, Storage
 from olmocr_tasks.testing import pdfgen

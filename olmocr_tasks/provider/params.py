@@ -1,6 +1,7 @@
 """The trigger forms (Params) of the conversion DAGs, with their defaults from the environment.
 
-Defaults are read when the DAG file is parsed: ``OLMOCR_INPUT_URI`` and ``OLMOCR_OUTPUT_URI``.
+Defaults are read when the DAG file is parsed: ``OLMOCR_INPUT_URI`` and ``OLMOCR_OUTPUT_URI``; the
+error budgets' defaults are the engine's (``ConversionSettings``, ``RunSettings``).
 """
 
 from __future__ import annotations
@@ -8,6 +9,9 @@ from __future__ import annotations
 import os
 
 from airflow.sdk import Param
+
+from olmocr_tasks.config import ConversionSettings
+from olmocr_tasks.run_settings import RunSettings
 
 # Which PDFs discovery considers (the ``scope`` Param).
 SCOPES = ("auto", "interval", "all")
@@ -105,7 +109,7 @@ def event_params() -> dict[str, Param]:
 def _shared_params() -> dict[str, Param]:
     return {
         "max_page_error_rate": Param(
-            0.004,
+            ConversionSettings.max_page_error_rate,
             type="number",
             minimum=0,
             maximum=1,
@@ -114,7 +118,7 @@ def _shared_params() -> dict[str, Param]:
             section="Error budgets",
         ),
         "max_document_error_rate": Param(
-            0.05,
+            RunSettings.max_document_error_rate,
             type="number",
             minimum=0,
             maximum=1,
@@ -132,7 +136,7 @@ def _shared_params() -> dict[str, Param]:
             section="Error budgets",
         ),
         "max_failed_attempts": Param(
-            3,
+            RunSettings.max_failed_attempts,
             type="integer",
             minimum=1,
             title="Max failed attempts",

@@ -11,15 +11,17 @@ The DAG files only choose a schedule and call ``conversion_flow``::
   serves the model; while the server starts it waits in the triggerer (no worker slot), up to
   ``OLMOCR_SERVER_READY_TIMEOUT`` seconds.
 * ``plan`` resolves the run's Params and ``dag_run`` (and, in the S3-event DAG, its triggering asset
-  events) into a ``RunRequest``, discovers what to convert, writes the plan and one small file per
-  batch in the run folder (``olmocr_tasks.runs``), and returns batch descriptors
+  events) into a ``RunRequest`` and calls the engine's planning (``olmocr_tasks.planning.plan_batches``):
+  it discovers what to convert, writes the plan and one small file per batch in the run folder
+  (``olmocr_tasks.runs``), and returns batch descriptors
   (``{"plan": "p1-3f9c0a2e", "batch": "b00012", "label": "inbox/report.pdf", "documents": 1}``).
 * ``convert`` is mapped over the descriptors; each instance converts its batch and writes a part file.
   A plan never maps fewer instances than one, nor than the run's previous pass (a cleared run):
-  empty batches fill the gap (see ``plan_body``).
+  empty batches fill the gap (see ``olmocr_tasks.planning.plan_batches``).
 * ``publish_manifest`` (``all_done``, downstream of ``plan`` and ``convert``) merges this pass's plan
-  and parts into the run manifest, even when some batches failed, judges the run's error budget into
-  it, and emits an event on ``OUTPUTS_ASSET`` when it converted anything.
+  and parts into the run manifest through the engine's one publish path (``olmocr_tasks.publishing``,
+  the CLI's too), even when some batches failed, judges the run's error budget into it, and emits
+  an event on ``OUTPUTS_ASSET`` when it converted anything.
 * ``enforce_error_budget`` (``all_done``, the only leaf) fails the run when the published verdict says
   the budget was exceeded (too many documents failed, a batch never reported) or when no manifest was
   published, so a bad run is red.
@@ -33,7 +35,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -54,18 +55,12 @@ from olmocr_tasks.batching import (
     DEFAULT_PARALLEL,
     LOW_CLASS_MIN_WAVES,
     BatchingRule,
-    pack_batches,
 )
 from olmocr_tasks.config import ConversionSettings, positive_number
-from olmocr_tasks.documents import SourceDocument
 from olmocr_tasks.errors import ConfigurationError, ServerMisconfigured
-from olmocr_tasks.pipeline import (
-    RunRequest,
-    convert_batch,
-    convert_time_limit,
-    plan_run,
-    publish_run,
-)
+from olmocr_tasks.manifest import PAGE_COUNT_KEYS, STATUSES
+from olmocr_tasks.pipeline import convert_batch, convert_time_limit
+from olmocr_tasks.planning import plan_batches
 from olmocr_tasks.priority import LOW, RENDER_NICE, VLLM_PRIORITY, run_class
 from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.hooks import VllmHook, storage_for
@@ -73,9 +68,11 @@ from olmocr_tasks.provider.lineage import report_converted, report_published
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
 from olmocr_tasks.provider.params import SCOPES
 from olmocr_tasks.provider.retries import INFRASTRUCTURE_RETRIES
+from olmocr_tasks.publishing import publish_run
+from olmocr_tasks.run_request import RunRequest
+from olmocr_tasks.run_settings import RunSettings
 from olmocr_tasks.runs import new_plan_id
 from olmocr_tasks.s3_events import documents_from_asset_events
-from olmocr_tasks.uri import is_s3
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +89,6 @@ OUTPUTS_ALIAS = AssetAlias(name="olmocr_outputs_published")
 _INTERVAL_RUN_TYPES = frozenset({"scheduled", "backfill"})
 # The XCom key under which plan publishes its plan id (for publish_manifest; batches carry it too).
 PLAN_ID_XCOM = "plan_id"
-# Long enough to recognise a document in the grid; 1000 batch descriptors stay around 100 KB.
-_LABEL_CHARS = 80
 
 # ------------------------------------------------------------------------- resolving a run request
 
@@ -171,7 +166,7 @@ def build_request(
         server=hook.server_settings(
             max_concurrent_requests=params.get("max_concurrent_requests"), priority=VLLM_PRIORITY[priority_class]
         ),
-        max_page_error_rate=float(params.get("max_page_error_rate", 0.004)),
+        max_page_error_rate=float(params.get("max_page_error_rate", ConversionSettings.max_page_error_rate)),
         gpu_hour_price=hook.gpu_hour_price(),
         render_nice=render_nice(priority_class),
     )
@@ -185,7 +180,7 @@ def build_request(
         modified_until=until,
         reprocess=bool(params.get("reprocess", False)),
         max_documents=params.get("max_documents"),
-        max_failed_attempts=int(params.get("max_failed_attempts", 3)),
+        run_settings=run_settings(params),
         retry_dead_letters=bool(params.get("retry_dead_letters", False)),
         # Reconciliation: scheduled runs and runs that list everything (a manual scope "all"). A backfill
         # retries failures inside its own interval only: its runs of adjacent intervals run at once.
@@ -193,6 +188,14 @@ def build_request(
         retry_interval=schedule_interval(context),
         run_time=run_time(context),
         claim_expiry_s=_claim_expiry_setting(),
+    )
+
+
+def run_settings(params: Mapping[str, Any]) -> RunSettings:
+    """The run's error budget and dead-letter threshold from its Params (defaults: ``RunSettings``)."""
+    return RunSettings(
+        max_document_error_rate=float(params.get("max_document_error_rate", RunSettings.max_document_error_rate)),
+        max_failed_attempts=int(params.get("max_failed_attempts", RunSettings.max_failed_attempts)),
     )
 
 
@@ -329,26 +332,6 @@ def batching_rule(params: Mapping[str, Any], request: RunRequest, priority_class
         raise ConfigurationError(str(exc)) from None
 
 
-def batch_label(sources: Sequence[SourceDocument], input_uri: str) -> str:
-    """A human label for a batch, shown as the mapped instance's name in the grid."""
-
-    def name(source: SourceDocument) -> str:
-        uri = source.uri
-        base = input_uri.rstrip("/")
-        if base and uri.startswith(base + "/"):
-            return uri[len(base) + 1 :]
-        return uri.split("://", 1)[-1].split("/", 1)[-1] if is_s3(uri) else uri.rsplit("/", 1)[-1]
-
-    if not sources:
-        return "nothing to convert"
-    if len(sources) == 1:
-        label = name(sources[0])
-    else:
-        first, last = (name(source).rsplit("/", 1)[-1] for source in (sources[0], sources[-1]))
-        label = f"{len(sources)} documents: {first} … {last}"
-    return label if len(label) <= _LABEL_CHARS else "…" + label[-(_LABEL_CHARS - 1) :]
-
-
 def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> list[dict[str, Any]]:
     """Discover, write the plan and the batches; return one small descriptor per batch.
 
@@ -374,58 +357,10 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
     # A fresh plan id per planning: a cleared and re-run DAG run plans again, and nothing a task of the
     # earlier plan still writes can reach this plan's manifest.
     folder = request.run_folder(storage, new_plan_id(f"p{context['ti'].try_number}"))
-    earlier_batches = folder.earlier_batch_count()
-    folder.clear_earlier_attempt()
-    plan = plan_run(request, storage)
-    folder.write_plan(plan)
-    batches = pack_batches(plan.sources, rule)
-    # Padded with empty batches (no-op convert instances, an empty part file each) to at least one and
-    # to the previous pass's count: Airflow 3.3 does not map a cleared run's ``convert`` beyond the
-    # previous pass's length, so a shorter pass would strand a later, longer one's batches.
-    batches += [[] for _ in range(max(1, earlier_batches) - len(batches))]
-    descriptors = [
-        {
-            "plan": folder.plan_id,
-            "batch": f"b{index:05d}",
-            "label": batch_label(batch, request.input_uri),
-            "documents": len(batch),
-            # Estimated from sizes: sets the instance's execution_timeout (see limit_convert_time).
-            "pages": sum(rule.estimated_pages(source) for source in batch),
-        }
-        for index, batch in enumerate(batches)
-    ]
-
-    def write(item: tuple[dict[str, Any], list[SourceDocument]]) -> None:
-        descriptor, batch = item
-        folder.write_batch(descriptor["batch"], batch)
-
-    # One object per batch so a convert task reads only its own sources, not the whole plan.
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(write, zip(descriptors, batches, strict=True)))
+    descriptors = plan_batches(request, storage, folder, rule)
     # Last, once the plan and every batch are written: publish_manifest reads only a complete plan,
     # and only this pass's (a cleared run's plan clears its XCom when it starts again).
     context["ti"].xcom_push(key=PLAN_ID_XCOM, value=folder.plan_id)
-    window = (
-        f"modified in ({request.modified_after.isoformat()}, {request.modified_until.isoformat()}]"
-        if request.modified_after and request.modified_until
-        else "explicit list"
-        if request.documents is not None
-        else "any time"
-    )
-    log.info(
-        "run %s (%s): %d to convert (%d re-driven) in %d batches, %d already converted, %d dead letters, "
-        "%d unavailable",
-        request.run_id,
-        window,
-        len(plan.sources),
-        plan.redriven,
-        sum(1 for batch in batches if batch),
-        plan.already_converted,
-        len(plan.dead_letters),
-        len(plan.unavailable),
-    )
-    if len(batches) < len(plan.sources):
-        log.info("packed %d documents into %d batches (%s)", len(plan.sources), len(batches), rule)
     return descriptors
 
 
@@ -480,7 +415,7 @@ def emit_metrics(summary: Mapping[str, Any]) -> None:
     """Counters through Airflow's own metrics (StatsD / OpenTelemetry when configured, else no-ops)."""
     from airflow.sdk.observability.stats import Stats
 
-    for key in ("pages", "fallback_pages", "converted", "failed", "skipped"):
+    for key in (*PAGE_COUNT_KEYS, *STATUSES):
         if summary.get(key):
             Stats.incr(f"olmocr.{key}", int(summary[key]))
 
@@ -496,34 +431,16 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
         raise _fail_on_configuration(exc) from None
     storage = storage_for([request.input_uri, request.output_uri])
     folder = request.run_folder(storage, plan_id)
-    plan = folder.read_plan()
-    # Streams batch by batch: entries to the manifest's shards, counts folded, the summary written last.
     # Documents whose batch never reported are failures of this run: later runs re-drive them. The
-    # error budget is judged once, here; the verdict travels in the manifest (and in this task's XCom).
-    published = publish_run(
-        request,
-        storage,
-        folder,
-        plan,
-        max_document_error_rate=float(context["params"].get("max_document_error_rate", 0.05)),
-        airflow_run=airflow_run_record(context),
-        record_not_converted=True,
-    )
-    manifest, uri = published.manifest, published.uri
-    verdict = manifest.error_budget or {}
-    report_published(uri)
-    summary: dict[str, Any] = {
-        "manifest": uri,
-        "run_id": manifest.run_id,
-        "output_uri": request.output_uri,
-        **manifest.counts(),
-        "error_budget": verdict,
-    }
+    # error budget is judged once, there; the verdict travels in the manifest (and in this task's XCom).
+    published = publish_run(request, storage, folder, folder.read_plan(), airflow_run=airflow_run_record(context))
+    report_published(published.uri)
+    summary = published.summary()
     if summary["converted"]:
         context["outlet_events"][OUTPUTS_ALIAS].add(OUTPUTS_ASSET, extra=summary)
     else:
         log.info("nothing was converted: no event on %s", OUTPUTS_ASSET.name)
-    log.info("published %s: %s", uri, manifest.counts())
+    log.info("published %s: %s", published.uri, published.manifest.counts())
     return summary
 
 

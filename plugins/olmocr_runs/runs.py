@@ -14,36 +14,9 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from olmocr_tasks.manifest import COUNT_KEYS
 from olmocr_tasks.redaction import redact_fields
 
-COUNT_KEYS = (
-    "documents",
-    "converted",
-    "failed",
-    "skipped",
-    "dead_letters",
-    "already_converted",
-    "pages",
-    "fallback_pages",
-    "input_tokens",
-    "output_tokens",
-    "server_input_tokens",
-    "server_output_tokens",
-    "attempts",
-    # Second requests sent for pages that outlasted their peers (manifests since hedging; 0 before).
-    "hedged",
-    # Documents whose convert task failed as a whole (written by manifests since the run-folder change).
-    "not_converted",
-    # Schema 2: earlier failures tried again (and how many failed again), and documents left for later
-    # because another run held their claim or they failed too recently (0 in older manifests).
-    "redriven",
-    "redriven_failed",
-    "claimed",
-    "retry_later",
-    # What the error budget judged: the run's own documents, not re-driven nor left for later.
-    "judged",
-    "judged_failed",
-)
 METRIC_KEYS = (
     "elapsed_s",
     "pages_per_second",
@@ -111,7 +84,8 @@ def run_status(data: dict[str, Any], counts: dict[str, int]) -> str:
     """all_converted / some_failed / failed_budget / empty.
 
     Over budget only when the manifest's ``error_budget`` verdict says so: the publish task judges
-    the budget once (``Manifest.judge_error_budget``) and writes it there. CLI runs have no verdict.
+    the budget once (``Manifest.judge_error_budget``, for CLI and Airflow runs alike) and writes it
+    there; manifests published before the CLI judged it have none.
     """
     budget = data.get("error_budget")
     if isinstance(budget, dict) and budget.get("exceeded") is True:
@@ -335,7 +309,7 @@ class RunDetail:
     latency_count: int
     failures_by_class: list[tuple[str, int]]
     attempt_histogram: list[tuple[str, int]]
-    # The publish task's verdict: why the run counts as failed (empty within budget or for CLI runs).
+    # The published verdict: why the run counts as failed (empty within budget or in older CLI manifests).
     budget_problems: list[str] = field(default_factory=list)
     trigger: Trigger | None = None
 

@@ -24,7 +24,6 @@ pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]
 DAG = "olmocr_s3_events"
 
 
-
 def _queue_empty(bucket: Bucket, queue_url: str) -> bool:
     names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
     attributes = bucket.sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=names)["Attributes"]
