@@ -55,6 +55,7 @@ test-compose: prerequisites $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 prerequisites:
 	@scripts/prerequisites.sh $(PYTHON)

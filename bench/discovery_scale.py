@@ -51,9 +51,9 @@ def _storage_options(endpoint: str) -> dict[str, Any]:
 
 
 def list_ours(endpoint: str, bucket: str, prefix: str) -> int:
-    from olmocr_tasks.discovery import iter_pdfs
-    from olmocr_tasks.ledger import Ledger
-    from olmocr_tasks.storage import Storage
+    from olmocr_tasks.location.ledger import Ledger
+    from olmocr_tasks.run.discovery import iter_pdfs
+    from olmocr_tasks.storage.store import Storage
 
     storage = Storage(_storage_options(endpoint))
     # What a plan does first: the state of the output prefix (empty here), then the input listing.
@@ -93,7 +93,8 @@ def child_main(argv: list[str]) -> int:
     if args.impl == "ours":
         import s3fs  # noqa: F401
 
-        from olmocr_tasks import discovery, ledger  # noqa: F401
+        from olmocr_tasks.location import ledger  # noqa: F401
+        from olmocr_tasks.run import discovery  # noqa: F401
     else:
         import boto3  # noqa: F401
     started, cpu = time.perf_counter(), time.process_time()

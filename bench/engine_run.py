@@ -27,10 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    from olmocr_tasks.config import ConversionSettings, ServerSettings
-    from olmocr_tasks.pipeline import run_conversion
-    from olmocr_tasks.run_request import RunRequest
-    from olmocr_tasks.storage import Storage
+    from olmocr_tasks.core.config import ConversionSettings, ServerSettings
+    from olmocr_tasks.run.pipeline import run_conversion
+    from olmocr_tasks.run.request import RunRequest
+    from olmocr_tasks.storage.store import Storage
 
     settings = ConversionSettings(
         server=ServerSettings(

@@ -148,11 +148,11 @@ def child(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    from olmocr_tasks.config import ConversionSettings, ServerSettings
-    from olmocr_tasks.errors import InfrastructureError
-    from olmocr_tasks.pipeline import run_conversion
-    from olmocr_tasks.run_request import RunRequest
-    from olmocr_tasks.storage import Storage
+    from olmocr_tasks.core.config import ConversionSettings, ServerSettings
+    from olmocr_tasks.core.errors import InfrastructureError
+    from olmocr_tasks.run.pipeline import run_conversion
+    from olmocr_tasks.run.request import RunRequest
+    from olmocr_tasks.storage.store import Storage
 
     settings = ConversionSettings(
         server=ServerSettings(
@@ -239,7 +239,7 @@ class SmallRun:
 
 
 def cold_regime(work: Path, seed: int) -> tuple[list[str], bool, list[dict[str, Any]]]:
-    from olmocr_tasks.config import TimeoutSettings
+    from olmocr_tasks.core.config import TimeoutSettings
 
     limit = COLD_TARGET_FRACTION * TimeoutSettings.read_timeout_s
     lines = [

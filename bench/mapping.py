@@ -4,7 +4,7 @@ Starts the deployment tier's cluster (``olmocr_tasks.testing.cluster``: api-serv
 dag-processor, triggerer, two Celery workers with 2 slots each, a pool of 3, PostgreSQL, Redis, moto
 S3, the vLLM stand-in) and runs ``olmocr_ingest`` by REST on two corpora, each twice: with
 ``batch_pages=1`` (every document its own instance) and with the default rule
-(``olmocr_tasks.batching``). PDFs are padded to 64 KiB per page (``OLMOCR_BYTES_PER_PAGE``'s default)
+(``olmocr_tasks.run.batching``). PDFs are padded to 64 KiB per page (``OLMOCR_BYTES_PER_PAGE``'s default)
 so that the plan's page estimate is the true page count, as it is for typical real PDFs.
 
 Reported per run: wall time from the REST trigger to the run's end (the manifest is published before
@@ -22,7 +22,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from olmocr_tasks.batching import DEFAULT_BYTES_PER_PAGE
+from olmocr_tasks.run.batching import DEFAULT_BYTES_PER_PAGE
 
 DAG = "olmocr_ingest"
 

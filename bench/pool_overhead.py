@@ -7,7 +7,7 @@ the pool's side counts this process (event loop, driver threads) plus its worker
 everything the pool adds: pipe transfer, base64, scheduling. Pairs are interleaved and repeated, and
 the median is what to read: CPU time per unit of work moves by 10-20 % on a shared VM (see
 bench/README.md). This was a unit test until its bound (1.3) proved to flake on a loaded 2-core box;
-tests/test_rendering.py now checks the part that is not noise (the pool returns the loop's bytes).
+tests/page/test_rendering.py now checks the part that is not noise (the pool returns the loop's bytes).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import psutil
 
-from olmocr_tasks.render_pool import RenderPool
-from olmocr_tasks.render_worker import open_document_sync, render_page_png_sync
+from olmocr_tasks.page.render_pool import RenderPool
+from olmocr_tasks.page.render_worker import open_document_sync, render_page_png_sync
 
 PNG_COMPRESS_LEVEL = 1  # the engine's PageSettings default
 TARGET_DIM = 1288

@@ -41,7 +41,7 @@ from typing import Any
 
 from bench.common import BACKPRESSURE, MODEL, RESULTS_DIR, fresh_dir, standin
 from bench.corpus import Corpus, mixed_corpus
-from olmocr_tasks.priority import HIGH, VLLM_PRIORITY
+from olmocr_tasks.inference.priority import HIGH, VLLM_PRIORITY
 
 DAG_ID = "olmocr_ingest"
 POOL_SLOTS = 2

@@ -8,8 +8,8 @@ from typing import Any
 from bench.common import MODEL, VENV_BIN, Row, fresh_dir, subprocess_env
 from bench.corpus import Corpus
 from bench.measure import run_measured
-from olmocr_tasks.layout import OutputLocation
-from olmocr_tasks.manifest_reader import open_manifest
+from olmocr_tasks.location.layout import OutputLocation
+from olmocr_tasks.location.manifest_reader import open_manifest
 
 
 def read_manifest(output: Path) -> dict[str, Any] | None:

@@ -30,8 +30,8 @@ from typing import Any
 from bench.common import MODEL, RESULTS_DIR, SERVER_BOUND, fresh_dir, standin
 from bench.corpus import CORPUS_ROOT, Corpus, mixed_corpus
 from bench.run_cli import manifest_check, measure_cli
-from olmocr_tasks.manifest import manifest_uri
-from olmocr_tasks.manifest_reader import open_manifest
+from olmocr_tasks.location.manifest import manifest_uri
+from olmocr_tasks.location.manifest_reader import open_manifest
 
 DAG_ID = "olmocr_ingest"
 

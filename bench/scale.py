@@ -28,8 +28,8 @@ from typing import Any
 
 from bench.common import CPU_BOUND, MODEL, RESULTS_DIR, VENV_BIN, fresh_dir, standin, subprocess_env
 from bench.measure import run_measured
-from olmocr_tasks.layout import SHARD_SUFFIX, OutputLocation, shards_folder
-from olmocr_tasks.manifest_reader import open_manifest
+from olmocr_tasks.location.layout import SHARD_SUFFIX, OutputLocation, shards_folder
+from olmocr_tasks.location.manifest_reader import open_manifest
 from olmocr_tasks.testing.pdfgen import assemble_pdf
 
 RESULT_FILE = RESULTS_DIR / "scale.jsonl"

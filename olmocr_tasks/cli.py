@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from olmocr_tasks import __version__
-from olmocr_tasks.config import (
+from olmocr_tasks.core.config import (
     DEFAULT_MODEL,
     ConcurrencySettings,
     ConversionSettings,
@@ -35,21 +35,21 @@ from olmocr_tasks.config import (
     ServerSettings,
     TimeoutSettings,
 )
-from olmocr_tasks.cpu_engine import (
+from olmocr_tasks.core.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
+from olmocr_tasks.core.redaction import environment_secrets, install_log_redaction, redact_text
+from olmocr_tasks.location.manifest import SKIP_CLAIMED, SKIP_RETRY_LATER
+from olmocr_tasks.run.settings import RunSettings
+from olmocr_tasks.servers.cpu_engine import (
     CPU_ENGINE_MODEL,
     DEFAULT_OSD_MIN_CONFIDENCE,
     DEFAULT_PORT,
     CpuEngineHandle,
     create_cpu_engine,
 )
-from olmocr_tasks.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
-from olmocr_tasks.manifest import SKIP_CLAIMED, SKIP_RETRY_LATER
-from olmocr_tasks.redaction import environment_secrets, install_log_redaction, redact_text
-from olmocr_tasks.run_settings import RunSettings
-from olmocr_tasks.vllm_launcher import VllmOptions, VllmSupervisor
+from olmocr_tasks.servers.vllm_launcher import VllmOptions, VllmSupervisor
 
 if TYPE_CHECKING:
-    from olmocr_tasks.manifest_reader import ManifestReader
+    from olmocr_tasks.location.manifest_reader import ManifestReader
 
 EXIT_OK, EXIT_BUDGET_EXCEEDED, EXIT_USAGE, EXIT_SERVER, EXIT_STORAGE = 0, 1, 2, 3, 4
 CONVERT_EXIT_CODES = (
@@ -236,9 +236,9 @@ def default_run_id(now: datetime | None = None) -> str:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from olmocr_tasks.pipeline import run_conversion
-    from olmocr_tasks.run_request import RunRequest
-    from olmocr_tasks.storage import Storage
+    from olmocr_tasks.run.pipeline import run_conversion
+    from olmocr_tasks.run.request import RunRequest
+    from olmocr_tasks.storage.store import Storage
 
     api_key = _api_key_from_env(args.api_key_env)
     servers = tuple(url.strip().rstrip("/") for value in args.server for url in value.split(",") if url.strip())
@@ -311,10 +311,10 @@ def _add_dead_letters_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
-    from olmocr_tasks.ledger import conversion_key
-    from olmocr_tasks.planning import list_dead_letters
-    from olmocr_tasks.protocol import PROMPT_VERSION
-    from olmocr_tasks.storage import Storage
+    from olmocr_tasks.location.ledger import conversion_key
+    from olmocr_tasks.page.protocol import PROMPT_VERSION
+    from olmocr_tasks.run.planning import list_dead_letters
+    from olmocr_tasks.storage.store import Storage
 
     output_uri = args.output if "://" in args.output else os.path.abspath(args.output)
     key = conversion_key(args.model, PROMPT_VERSION, args.target_longest_image_dim)
@@ -341,8 +341,8 @@ def _add_manifest_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _manifest(args: argparse.Namespace) -> int:
-    from olmocr_tasks.manifest_reader import read_manifest
-    from olmocr_tasks.storage import Storage
+    from olmocr_tasks.location.manifest_reader import read_manifest
+    from olmocr_tasks.storage.store import Storage
 
     output_uri = args.output if "://" in args.output else os.path.abspath(args.output)
     manifest = read_manifest(Storage(), output_uri, args.run_id)
@@ -379,8 +379,8 @@ def _add_clean_parser(subparsers: argparse._SubParsersAction) -> None:
 def _clean(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
-    from olmocr_tasks.retention import clean_output
-    from olmocr_tasks.storage import Storage
+    from olmocr_tasks.location.retention import clean_output
+    from olmocr_tasks.storage.store import Storage
 
     if args.older_than_days < 0:
         raise ConfigurationError("--older-than-days must not be negative")

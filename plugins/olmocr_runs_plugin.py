@@ -12,7 +12,7 @@ from fastapi import Depends
 from olmocr_runs import create_app
 
 from olmocr_tasks.provider.hooks import storage_for
-from olmocr_tasks.storage import Storage
+from olmocr_tasks.storage.store import Storage
 
 URL_PREFIX = "/olmocr"
 

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_airflow import AIRFLOW_HOME, ROOT, airflow, airflow_env, prepare
 
-from olmocr_tasks.cpu_engine import start_cpu_engine_in_thread
-from olmocr_tasks.manifest_reader import open_manifest
+from olmocr_tasks.location.manifest_reader import open_manifest
+from olmocr_tasks.servers.cpu_engine import start_cpu_engine_in_thread
 
 OUTPUT = ROOT / "demo-output"
 

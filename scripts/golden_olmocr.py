@@ -18,7 +18,7 @@ interpreter (``--olmocr-side``), where only olmOCR's own functions answer:
 
 Back in the project venv the page images are reduced to their size and the page marker they show
 (``olmocr_tasks.testing.page_marker``), since our renderer (PDFium) and olmOCR's (poppler) differ in pixels, and
-everything lands in ``tests/fixtures/golden/``. ``tests/test_protocol.py`` compares our request bodies
+everything lands in ``tests/fixtures/golden/``. ``tests/page/test_protocol.py`` compares our request bodies
 and our parse results with these fixtures field by field. No olmOCR code is copied here: the
 olmOCR side only calls olmOCR.
 """

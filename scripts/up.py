@@ -28,7 +28,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from local_airflow import AIRFLOW_HOME, ROOT, airflow_env, input_uri, output_uri, prepare, vllm_connection
 
-from olmocr_tasks.cpu_engine import CPU_ENGINE_MODEL
+from olmocr_tasks.servers.cpu_engine import CPU_ENGINE_MODEL
 from olmocr_tasks.testing.cluster import (
     ADMIN_USER,
     AirflowCluster,

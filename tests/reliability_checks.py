@@ -27,10 +27,10 @@ from typing import Any
 
 import psutil
 
-from olmocr_tasks.config import ConversionSettings, DocumentLimits, PageSettings, ServerSettings
-from olmocr_tasks.manifest import Manifest
-from olmocr_tasks.manifest_reader import ManifestReader
-from olmocr_tasks.storage import TEMP_SUFFIX, Storage
+from olmocr_tasks.core.config import ConversionSettings, DocumentLimits, PageSettings, ServerSettings
+from olmocr_tasks.location.manifest import Manifest
+from olmocr_tasks.location.manifest_reader import ManifestReader
+from olmocr_tasks.storage.store import TEMP_SUFFIX, Storage
 from olmocr_tasks.testing import pdfgen
 
 ANSWER = re.compile(r"Stand-in transcription of document (\d+) page (\d+)\.")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from olmocr_tasks import __version__
-from olmocr_tasks.config import ConnectionSettings, HedgeSettings, RetrySettings, TimeoutSettings
+from olmocr_tasks.core.config import ConnectionSettings, HedgeSettings, RetrySettings, TimeoutSettings
 
 CONNECTION_TYPE = "olmocr_vllm"
 DEFAULT_CONN_ID = "olmocr_vllm"

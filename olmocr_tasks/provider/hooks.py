@@ -14,9 +14,9 @@ Connection fields:
   ``connect_timeout_s``, ``read_timeout_s``, ``write_timeout_s``, ``readiness_timeout_s``,
   ``request_retry_budget_s``, ``outage_window_s``; and the hedging knobs ``hedge_requests``
   (boolean, on by default), ``hedge_min_delay_s``, ``hedge_multiple`` and ``hedge_idle_multiple`` (see
-  ``config.HedgeSettings`` and ``olmocr_tasks.hedging``); ``scheduling_policy``: ``fcfs`` (default) or
+  ``config.HedgeSettings`` and ``olmocr_tasks.inference.hedging``); ``scheduling_policy``: ``fcfs`` (default) or
   ``priority``, as the deployment's vLLM runs (``--scheduling-policy``); with ``priority`` each page
-  request carries its run's priority class (``olmocr_tasks.priority``).
+  request carries its run's priority class (``olmocr_tasks.inference.priority``).
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 from airflow.sdk import BaseHook
 
-from olmocr_tasks.client import InferenceClient
-from olmocr_tasks.config import DEFAULT_MODEL, ServerSettings, positive_number
-from olmocr_tasks.errors import ConfigurationError
-from olmocr_tasks.priority import check_scheduling_policy
+from olmocr_tasks.core.config import DEFAULT_MODEL, ServerSettings, positive_number
+from olmocr_tasks.core.errors import ConfigurationError
+from olmocr_tasks.inference.client import InferenceClient
+from olmocr_tasks.inference.priority import check_scheduling_policy
 from olmocr_tasks.provider import CONNECTION_TYPE, DEFAULT_CONN_ID
-from olmocr_tasks.storage import Storage
-from olmocr_tasks.uri import is_s3
+from olmocr_tasks.storage.store import Storage
+from olmocr_tasks.storage.uri import is_s3
 
 # The AWS connection that reads inputs and writes outputs on S3 (and, by default, polls SQS).
 AWS_CONN_ID = "aws_default"

@@ -1,6 +1,6 @@
 """The ``olmocr_maintenance`` DAG's Params and its one task: retention on a schedule.
 
-The work itself is ``olmocr_tasks.retention``; this module gives it Params and a task.
+The work itself is ``olmocr_tasks.location.retention``; this module gives it Params and a task.
 
 Removes ``_runs/<run>/`` folders of published runs and state that no longer serves a pending document,
 older than ``older_than_days``; never outputs, manifests or anything a running or unpublished run needs.
@@ -19,11 +19,11 @@ from typing import Any
 from airflow.sdk import Param, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from olmocr_tasks.access import AccessPolicy
-from olmocr_tasks.errors import ConfigurationError
+from olmocr_tasks.core.errors import ConfigurationError
+from olmocr_tasks.location.retention import clean_output
 from olmocr_tasks.provider.hooks import storage_for
 from olmocr_tasks.provider.retries import INFRASTRUCTURE_RETRIES
-from olmocr_tasks.retention import clean_output
+from olmocr_tasks.storage.access import AccessPolicy
 
 log = logging.getLogger(__name__)
 

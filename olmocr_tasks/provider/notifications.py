@@ -9,7 +9,7 @@ holds JSON naming a notifier class and its arguments, e.g. mail through an SMTP 
                 "smtp_conn_id": "smtp_default"}}
 
 Any ``BaseNotifier`` works (Slack, Teams, PagerDuty... from their providers). Its message fields that
-the arguments leave out are filled with the report (``olmocr_tasks.failure_report``): ``subject`` with
+the arguments leave out are filled with the report (``olmocr_tasks.location.failure_report``): ``subject`` with
 its subject line, ``html_content`` with its HTML, ``text``/``message``/``body`` with its text. Templates
 of your own can use ``{{ olmocr_failure.manifest }}``, ``.counts``, ``.error_classes``, ``.text`` etc.
 Without the Variable the callback does nothing. Credentials belong in the notifier's connection, never
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from olmocr_tasks.failure_report import FailureReport, build_failure_report
+from olmocr_tasks.location.failure_report import FailureReport, build_failure_report
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def report_from_context(context: Mapping[str, Any]) -> FailureReport:
 
 
 def _summary_from_manifest(context: Mapping[str, Any]) -> dict[str, Any] | None:
-    from olmocr_tasks.manifest_reader import read_manifest
+    from olmocr_tasks.location.manifest_reader import read_manifest
     from olmocr_tasks.provider.hooks import storage_for
     from olmocr_tasks.provider.tasks import airflow_run_id
 

@@ -19,8 +19,8 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from olmocr_tasks.config import positive_number
-from olmocr_tasks.errors import ConfigurationError
+from olmocr_tasks.core.config import positive_number
+from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.hooks import VllmHook
 from olmocr_tasks.provider.retries import INFRASTRUCTURE_RETRIES

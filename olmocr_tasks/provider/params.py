@@ -10,8 +10,8 @@ import os
 
 from airflow.sdk import Param
 
-from olmocr_tasks.config import ConversionSettings
-from olmocr_tasks.run_settings import RunSettings
+from olmocr_tasks.core.config import ConversionSettings
+from olmocr_tasks.run.settings import RunSettings
 
 # Which PDFs discovery considers (the ``scope`` Param).
 SCOPES = ("auto", "interval", "all")
@@ -165,7 +165,7 @@ def _shared_params() -> dict[str, Param]:
             title="Priority class",
             description=(
                 "Which runs go first for a convert slot and, when the vLLM connection's scheduling_policy is "
-                "priority, in vLLM's queue (olmocr_tasks.priority)."
+                "priority, in vLLM's queue (olmocr_tasks.inference.priority)."
             ),
             section="Server",
         ),

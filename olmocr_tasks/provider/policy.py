@@ -1,7 +1,7 @@
 """Airflow cluster policy: convert instances of high-priority runs go first for a pool slot.
 
 A mapped task has one static ``priority_weight`` and one pool for every run, so the class of a run
-(``olmocr_tasks.priority``) can only reach the scheduler through a cluster policy, which sees each task
+(``olmocr_tasks.inference.priority``) can only reach the scheduler through a cluster policy, which sees each task
 instance with its DAG run as the scheduler creates it. For the convert instances of a run this sets:
 
 * ``priority_weight`` by class (high 100, normal 10, low 1): when a slot of the ``olmocr_vllm`` pool
@@ -31,8 +31,8 @@ from typing import Any
 
 from airflow.policies import hookimpl
 
-from olmocr_tasks.errors import ConfigurationError
-from olmocr_tasks.priority import AIRFLOW_WEIGHT, HIGH, run_class
+from olmocr_tasks.core.errors import ConfigurationError
+from olmocr_tasks.inference.priority import AIRFLOW_WEIGHT, HIGH, run_class
 
 CONVERT_TASK_ID = "convert"
 # The DAGs built by provider.tasks.conversion_flow in this repository's dags/.

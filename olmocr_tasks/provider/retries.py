@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from airflow.sdk import ExceptionRetryPolicy, RetryAction, RetryRule
 
-from olmocr_tasks.errors import InfrastructureError, ServerMisconfigured
+from olmocr_tasks.core.errors import InfrastructureError, ServerMisconfigured
 
 INFRASTRUCTURE_RETRIES = ExceptionRetryPolicy(
     rules=[

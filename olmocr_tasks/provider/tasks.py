@@ -11,15 +11,15 @@ The DAG files only choose a schedule and call ``conversion_flow``::
   serves the model; while the server starts it waits in the triggerer (no worker slot), up to
   ``OLMOCR_SERVER_READY_TIMEOUT`` seconds.
 * ``plan`` resolves the run's Params and ``dag_run`` (and, in the S3-event DAG, its triggering asset
-  events) into a ``RunRequest`` and calls the engine's planning (``olmocr_tasks.planning.plan_batches``):
+  events) into a ``RunRequest`` and calls the engine's planning (``olmocr_tasks.run.planning.plan_batches``):
   it discovers what to convert, writes the plan and one small file per batch in the run folder
-  (``olmocr_tasks.runs``), and returns batch descriptors
+  (``olmocr_tasks.location.runs``), and returns batch descriptors
   (``{"plan": "p1-3f9c0a2e", "batch": "b00012", "label": "inbox/report.pdf", "documents": 1}``).
 * ``convert`` is mapped over the descriptors; each instance converts its batch and writes a part file.
   A plan never maps fewer instances than one, nor than the run's previous pass (a cleared run):
-  empty batches fill the gap (see ``olmocr_tasks.planning.plan_batches``).
+  empty batches fill the gap (see ``olmocr_tasks.run.planning.plan_batches``).
 * ``publish_manifest`` (``all_done``, downstream of ``plan`` and ``convert``) merges this pass's plan
-  and parts into the run manifest through the engine's one publish path (``olmocr_tasks.publishing``,
+  and parts into the run manifest through the engine's one publish path (``olmocr_tasks.run.publishing``,
   the CLI's too), even when some batches failed, judges the run's error budget into it, and emits
   an event on ``OUTPUTS_ASSET`` when it converted anything.
 * ``enforce_error_budget`` (``all_done``, the only leaf) fails the run when the published verdict says
@@ -49,30 +49,30 @@ from airflow.sdk import (
 )
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from olmocr_tasks.access import check_run_allowed
-from olmocr_tasks.batching import (
-    DEFAULT_BYTES_PER_PAGE,
-    DEFAULT_PARALLEL,
-    LOW_CLASS_MIN_WAVES,
-    BatchingRule,
-)
-from olmocr_tasks.config import ConversionSettings, positive_number
-from olmocr_tasks.errors import ConfigurationError, ServerMisconfigured
-from olmocr_tasks.manifest import PAGE_COUNT_KEYS, STATUSES
-from olmocr_tasks.pipeline import convert_batch, convert_time_limit
-from olmocr_tasks.planning import plan_batches
-from olmocr_tasks.priority import LOW, RENDER_NICE, VLLM_PRIORITY, run_class
+from olmocr_tasks.core.config import ConversionSettings, positive_number
+from olmocr_tasks.core.errors import ConfigurationError, ServerMisconfigured
+from olmocr_tasks.inference.priority import LOW, RENDER_NICE, VLLM_PRIORITY, run_class
+from olmocr_tasks.location.manifest import PAGE_COUNT_KEYS, STATUSES
+from olmocr_tasks.location.runs import new_plan_id
 from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.hooks import VllmHook, storage_for
 from olmocr_tasks.provider.lineage import report_converted, report_published
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
 from olmocr_tasks.provider.params import SCOPES
 from olmocr_tasks.provider.retries import INFRASTRUCTURE_RETRIES
-from olmocr_tasks.publishing import publish_run
-from olmocr_tasks.run_request import RunRequest
-from olmocr_tasks.run_settings import RunSettings
-from olmocr_tasks.runs import new_plan_id
-from olmocr_tasks.s3_events import documents_from_asset_events
+from olmocr_tasks.run.batching import (
+    DEFAULT_BYTES_PER_PAGE,
+    DEFAULT_PARALLEL,
+    LOW_CLASS_MIN_WAVES,
+    BatchingRule,
+)
+from olmocr_tasks.run.pipeline import convert_batch, convert_time_limit
+from olmocr_tasks.run.planning import plan_batches
+from olmocr_tasks.run.publishing import publish_run
+from olmocr_tasks.run.request import RunRequest
+from olmocr_tasks.run.s3_events import documents_from_asset_events
+from olmocr_tasks.run.settings import RunSettings
+from olmocr_tasks.storage.access import check_run_allowed
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ def run_settings(params: Mapping[str, Any]) -> RunSettings:
 
 
 def run_priority_class(context: Mapping[str, Any], documents: Sequence[str] | None = None) -> str:
-    """This run's priority class (``olmocr_tasks.priority``); ``documents`` as given to build_request."""
+    """This run's priority class (``olmocr_tasks.inference.priority``); ``documents`` as given to build_request."""
     params = context["params"]
     if documents is None:
         documents = params.get("documents")
@@ -308,7 +308,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def batching_rule(params: Mapping[str, Any], request: RunRequest, priority_class: str | None = None) -> BatchingRule:
-    """How this run's documents are packed into convert instances (``olmocr_tasks.batching``).
+    """How this run's documents are packed into convert instances (``olmocr_tasks.run.batching``).
 
     ``batch_pages`` (Param, default ``OLMOCR_BATCH_PAGES``, else the request window of a convert task);
     ``OLMOCR_CONVERT_SLOTS``: convert instances that run at once (the pool's slots, at most workers times

@@ -2,7 +2,7 @@
 
 A cold vLLM start (download, load, compile, warm-up) takes up to half an hour. ``check_server`` defers
 to this trigger instead of holding a worker slot while it retries: the trigger polls every replica's
-``/v1/models`` with the same probe the client uses (``olmocr_tasks.readiness``) until each lists the
+``/v1/models`` with the same probe the client uses (``olmocr_tasks.inference.readiness``) until each lists the
 configured model, or until an absolute deadline (kept across triggerer restarts). A server that
 answers wrongly (API key, URL, model, TLS trust) fails at once: waiting will not fix it.
 
@@ -24,10 +24,10 @@ from urllib.parse import urlsplit
 import httpx
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from olmocr_tasks.config import ServerSettings
-from olmocr_tasks.errors import ConfigurationError, ServerNotReady
+from olmocr_tasks.core.config import ServerSettings
+from olmocr_tasks.core.errors import ConfigurationError, ServerNotReady
+from olmocr_tasks.inference.readiness import ModelsProbe, ProbeResult
 from olmocr_tasks.provider import DEFAULT_CONN_ID
-from olmocr_tasks.readiness import ModelsProbe, ProbeResult
 
 # A cold vLLM start: the compose file allows vLLM this long too.
 DEFAULT_TIMEOUT_S = 30 * 60.0
@@ -88,7 +88,7 @@ class VllmReadyTrigger(BaseTrigger):
 
 
 async def probe_replicas(settings: ServerSettings, http: httpx.AsyncClient) -> list[ProbeResult]:
-    """One readiness probe of every replica, at once (``olmocr_tasks.readiness``)."""
+    """One readiness probe of every replica, at once (``olmocr_tasks.inference.readiness``)."""
     secrets = [urlsplit(url).password for url in settings.connection.base_urls]
     probes = [
         ModelsProbe(url, settings.connection.model, api_key=settings.connection.api_key, secrets=secrets)

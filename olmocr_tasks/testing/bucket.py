@@ -13,8 +13,8 @@ from typing import Any
 
 from pypdf import PdfReader, PdfWriter
 
-from olmocr_tasks.manifest_reader import read_manifest
-from olmocr_tasks.storage import Storage
+from olmocr_tasks.location.manifest_reader import read_manifest
+from olmocr_tasks.storage.store import Storage
 from olmocr_tasks.testing.pdfgen import text_pdf
 
 REGION = "us-east-1"

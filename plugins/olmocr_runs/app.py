@@ -28,11 +28,11 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from olmocr_tasks.access import AccessPolicy, LocationNotAllowedError
-from olmocr_tasks.errors import StorageError, UnreadableSourceError
-from olmocr_tasks.manifest_reader import ManifestFormatError, ManifestReader
-from olmocr_tasks.redaction import redact_fields, redact_url
-from olmocr_tasks.storage import Storage
+from olmocr_tasks.core.errors import StorageError, UnreadableSourceError
+from olmocr_tasks.core.redaction import redact_fields, redact_url
+from olmocr_tasks.location.manifest_reader import ManifestFormatError, ManifestReader
+from olmocr_tasks.storage.access import AccessPolicy, LocationNotAllowedError
+from olmocr_tasks.storage.store import Storage
 
 from . import charts
 from .paging import PAGE_SIZE, STATES, page_of_documents, search_runs

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from html import escape
 from itertools import count
 
-from olmocr_tasks.manifest_overview import AXIS_STEPS, BIN_STEPS, format_number, histogram_bins, nice_ceiling
+from olmocr_tasks.location.manifest_overview import AXIS_STEPS, BIN_STEPS, format_number, histogram_bins, nice_ceiling
 
 WIDTH = 560
 HEIGHT = 260
@@ -28,7 +28,7 @@ _ids = count(1)
 
 
 # The binning and tick rules are shared with the publish step, which folds the latency histogram
-# into the summary (olmocr_tasks.manifest_overview).
+# into the summary (olmocr_tasks.location.manifest_overview).
 __all__ = ["AXIS_STEPS", "BIN_STEPS", "bar_chart", "format_number", "histogram_bins", "line_chart", "nice_ceiling"]
 
 

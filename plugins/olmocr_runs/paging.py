@@ -1,6 +1,6 @@
 """A run's documents a page at a time, and the search by source name, each reading a bounded part of a run.
 
-A run's entries are in shards of 10,000 (``olmocr_tasks.manifest``), so:
+A run's entries are in shards of 10,000 (``olmocr_tasks.location.manifest``), so:
 
 * a page of the whole list reads the one or two shards holding it (``ManifestReader.page``);
 * a page of one state (failed, converted, skipped) finds its shards through the per-shard status
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from olmocr_tasks.manifest_reader import ManifestReader
+from olmocr_tasks.location.manifest_reader import ManifestReader
 
 from .runs import DocumentRow, RunSummary, document_row
 

@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from olmocr_tasks.manifest import COUNT_KEYS
-from olmocr_tasks.redaction import redact_fields
+from olmocr_tasks.core.redaction import redact_fields
+from olmocr_tasks.location.manifest import COUNT_KEYS
 
 METRIC_KEYS = (
     "elapsed_s",

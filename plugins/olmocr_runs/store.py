@@ -1,10 +1,10 @@
-"""Find and read run manifests under ``OUTPUT/manifests/`` through ``olmocr_tasks.storage.Storage``.
+"""Find and read run manifests under ``OUTPUT/manifests/`` through ``olmocr_tasks.storage.store.Storage``.
 
 Local folders, ``file://`` and ``s3://`` locations are read exactly as the engine writes them, with
 the engine's retries, error translation and credential scrubbing.
 
 The pages only ever read ``*.json`` objects directly inside that folder (the summaries), and the
-shards a summary names below its own ``<key>/`` folder, through ``olmocr_tasks.manifest_reader`` (which
+shards a summary names below its own ``<key>/`` folder, through ``olmocr_tasks.location.manifest_reader`` (which
 reads old single-file manifests too). The list reads summaries only (cached by version); a run's page
 reads its summary and the shards of the documents it shows (``paging``). A run is looked up by the
 name of a file the listing returned, never by a path built from the request, so a crafted run id
@@ -19,11 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from olmocr_tasks.errors import StorageError, UnreadableSourceError
-from olmocr_tasks.layout import OutputLocation, summary_path
-from olmocr_tasks.manifest_overview import overview_of
-from olmocr_tasks.manifest_reader import ManifestFormatError, ManifestReader
-from olmocr_tasks.storage import Storage
+from olmocr_tasks.core.errors import StorageError, UnreadableSourceError
+from olmocr_tasks.location.layout import OutputLocation, summary_path
+from olmocr_tasks.location.manifest_overview import overview_of
+from olmocr_tasks.location.manifest_reader import ManifestFormatError, ManifestReader
+from olmocr_tasks.storage.store import Storage
 
 from .runs import RunSummary, summarize
 

@@ -9,7 +9,7 @@ from datetime import datetime
 
 import pytest
 
-from olmocr_tasks.config import ServerSettings
+from olmocr_tasks.core.config import ServerSettings
 from olmocr_tasks.testing.bucket import Bucket
 from olmocr_tasks.testing.cluster import Deployment
 from tests.deployment.published import converted

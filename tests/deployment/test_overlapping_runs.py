@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 import pytest
 
-from olmocr_tasks.layout import safe_run_id
+from olmocr_tasks.location.layout import safe_run_id
 from olmocr_tasks.testing.bucket import Bucket
 from olmocr_tasks.testing.cluster import Deployment
 from tests.deployment.published import converted, documents, only, sources, statuses

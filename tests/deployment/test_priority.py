@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from olmocr_tasks.batching import DEFAULT_BYTES_PER_PAGE
-from olmocr_tasks.priority import AIRFLOW_WEIGHT, HIGH, LOW, VLLM_PRIORITY
+from olmocr_tasks.inference.priority import AIRFLOW_WEIGHT, HIGH, LOW, VLLM_PRIORITY
+from olmocr_tasks.run.batching import DEFAULT_BYTES_PER_PAGE
 from olmocr_tasks.testing.bucket import Bucket
 from olmocr_tasks.testing.cluster import POOL, Deployment, wait_until
 from tests.deployment.published import converted

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from olmocr_tasks.manifest import manifest_uri
+from olmocr_tasks.location.manifest import manifest_uri
 from olmocr_tasks.testing.bucket import Bucket
 from olmocr_tasks.testing.cluster import CONSUMER_DAG, Deployment, wait_until
 from tests.deployment.published import assert_outputs_name_their_pages, converted, sources

@@ -41,11 +41,11 @@ from typing import Any
 from aiohttp import web
 from PIL import Image, UnidentifiedImageError
 
-from olmocr_tasks.config import DEFAULT_MODEL
-from olmocr_tasks.protocol import format_front_matter
+from olmocr_tasks.core.config import DEFAULT_MODEL
+from olmocr_tasks.inference.vllm_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from olmocr_tasks.inference.vllm_metrics import ServerMetrics, render_vllm_metrics
+from olmocr_tasks.page.protocol import format_front_matter
 from olmocr_tasks.testing.page_marker import Marker, read_marker
-from olmocr_tasks.vllm_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from olmocr_tasks.vllm_metrics import ServerMetrics, render_vllm_metrics
 
 log = logging.getLogger("olmocr_tasks.testing.standin")
 

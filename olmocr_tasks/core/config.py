@@ -1,0 +1,214 @@
+"""Settings shared by the CLI and the Airflow tasks.
+
+Every knob has olmOCR 0.4.27's default where olmOCR has one; the others are ours and documented in
+the README. Settings are frozen dataclasses so they can be logged, hashed and put in a manifest.
+Secrets (the API key) are never fields of a settings object that reaches a manifest: see
+``ServerSettings.public_dict``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from olmocr_tasks.core.errors import ConfigurationError
+
+DEFAULT_MODEL = "allenai/olmOCR-2-7B-1025-FP8"
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """Which server, which model, and who we are to it."""
+
+    base_urls: tuple[str, ...] = ("http://127.0.0.1:8000/v1",)
+    model: str = DEFAULT_MODEL
+    api_key: str | None = field(default=None, repr=False)
+    verify_tls: bool = True
+
+
+@dataclass(frozen=True)
+class TimeoutSettings:
+    """How long one request, or the wait for a server to come up, may take."""
+
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 300.0
+    write_timeout_s: float = 60.0
+    readiness_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """How long a failing request is retried, and when failing requests are an outage."""
+
+    # Transport errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter for at
+    # most this long per request before the request counts as one failed page attempt.
+    request_retry_budget_s: float = 120.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    # When no request has succeeded for this long while requests keep failing (and, for failures
+    # without an answer such as timeouts, the server also fails its readiness probes), the server is
+    # declared unavailable and the conversion stops (it never degrades an outage into fallback pages).
+    outage_window_s: float = 180.0
+
+
+@dataclass(frozen=True)
+class HedgeSettings:
+    """When a slow request gets a second one (see ``olmocr_tasks.inference.hedging``).
+
+    A request outstanding for hedge_multiple x the hedge_percentile of recent answer times, or
+    hedge_idle_multiple x that after the server's queue emptied, and never before hedge_min_delay_s,
+    gets a second request for the same page when the server has room; the first answer wins. Hedges
+    are never page attempts.
+    """
+
+    hedge_requests: bool = True
+    hedge_percentile: float = 0.95
+    hedge_multiple: float = 3.0
+    hedge_idle_multiple: float = 1.25
+    hedge_min_delay_s: float = 1.0
+    max_hedges_per_request: int = 2
+
+
+@dataclass(frozen=True)
+class ConcurrencySettings:
+    """How many requests are in flight, and how they queue at the server (``backpressure``, ``priority``)."""
+
+    max_concurrent_requests: int = 64
+    # Read vLLM's /metrics and shrink the in-flight window when its waiting queue grows.
+    adaptive_concurrency: bool = True
+    # The adaptive window never goes below this, and /metrics is read this often to size it.
+    min_concurrent_requests: int = 4
+    metrics_poll_interval_s: float = 1.0
+    # vLLM's --scheduling-policy of the deployment ("fcfs" or "priority"); only with "priority" does
+    # every request carry the run's ``priority`` (olmocr_tasks.inference.priority), which fcfs would refuse.
+    scheduling_policy: str = "fcfs"
+    priority: int = 0
+
+
+_GROUPS: dict[str, type] = {
+    "connection": ConnectionSettings,
+    "timeouts": TimeoutSettings,
+    "retries": RetrySettings,
+    "hedging": HedgeSettings,
+    "concurrency": ConcurrencySettings,
+}
+# Every setting's name is unique across the groups, so callers, connection extras and manifests name
+# a setting without its group.
+_GROUP_OF: dict[str, str] = {f.name: group for group, kind in _GROUPS.items() for f in dataclasses.fields(kind)}
+
+
+@dataclass(frozen=True, init=False)
+class ServerSettings:
+    """Where the OpenAI-compatible inference server lives and how to talk to it, in five small groups.
+
+    Build it from groups, from single settings by name, or both (names win over their group)::
+
+        ServerSettings(timeouts=TimeoutSettings(read_timeout_s=60), max_concurrent_requests=8)
+
+    ``dataclasses.replace(settings, read_timeout_s=5)`` changes single settings the same way.
+    """
+
+    connection: ConnectionSettings
+    timeouts: TimeoutSettings
+    retries: RetrySettings
+    hedging: HedgeSettings
+    concurrency: ConcurrencySettings
+
+    def __init__(
+        self,
+        *,
+        connection: ConnectionSettings | None = None,
+        timeouts: TimeoutSettings | None = None,
+        retries: RetrySettings | None = None,
+        hedging: HedgeSettings | None = None,
+        concurrency: ConcurrencySettings | None = None,
+        **settings: Any,
+    ) -> None:
+        given: dict[str, Any] = {
+            "connection": connection,
+            "timeouts": timeouts,
+            "retries": retries,
+            "hedging": hedging,
+            "concurrency": concurrency,
+        }
+        changes: dict[str, dict[str, Any]] = {}
+        for name, value in settings.items():
+            if name not in _GROUP_OF:
+                raise TypeError(f"ServerSettings has no setting {name!r}")
+            changes.setdefault(_GROUP_OF[name], {})[name] = value
+        for group, kind in _GROUPS.items():
+            value = given[group] if given[group] is not None else kind()
+            if group in changes:
+                value = dataclasses.replace(value, **changes[group])
+            object.__setattr__(self, group, value)
+
+    def public_dict(self) -> dict[str, Any]:
+        """The settings as they may appear in logs and manifests, by name: no secret, no credentials in URLs."""
+        from olmocr_tasks.core.redaction import redact_url
+
+        data: dict[str, Any] = {}
+        for group in _GROUPS:
+            data.update(dataclasses.asdict(getattr(self, group)))
+        data.pop("api_key")
+        data["base_urls"] = [redact_url(url) for url in self.connection.base_urls]
+        data["api_key_set"] = self.connection.api_key is not None
+        return data
+
+
+@dataclass(frozen=True)
+class PageSettings:
+    """olmOCR's page protocol knobs."""
+
+    target_longest_image_dim: int = 1288
+    max_page_retries: int = 8
+    max_tokens: int = 8000
+    model_max_context: int = 16384
+    # PNG zlib level for page images: the pixels are identical at every level; 1 costs a fraction of
+    # the CPU of Pillow's default 6 for a slightly larger request body.
+    png_compress_level: int = 1
+
+
+@dataclass(frozen=True)
+class DocumentLimits:
+    """Guards that turn hostile or oversized inputs into typed failures instead of crashes."""
+
+    max_bytes: int = 512 * 1024 * 1024
+    max_pages: int = 5000
+    # Renders larger than this many pixels are scaled down (enormous page boxes).
+    max_render_pixels: int = 1288 * 1288 * 4
+    render_timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class ConversionSettings:
+    """Everything that shapes one conversion run."""
+
+    server: ServerSettings = field(default_factory=ServerSettings)
+    page: PageSettings = field(default_factory=PageSettings)
+    limits: DocumentLimits = field(default_factory=DocumentLimits)
+    max_page_error_rate: float = 0.004
+    write_markdown: bool = True
+    # Documents whose bytes are held in memory at once by one process (pages of these interleave).
+    max_open_documents: int = 16
+    # PDFium worker processes per converting process (None: one per core, see render_pool).
+    render_workers: int | None = None
+    # Added to the render workers' niceness: low-priority runs give the host's CPU way (priority.py).
+    render_nice: int = 0
+    gpu_hour_price: float | None = None
+
+    def public_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["server"] = self.server.public_dict()
+        return data
+
+
+def positive_number(what: str, value: Any, kind: type[int] | type[float] = float, unit: str = "a number") -> Any:
+    """``value`` as a positive ``kind``, or a ConfigurationError naming ``what`` (a setting, an extra)."""
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"{what} must be {unit}, not {value!r}") from None
+    if number <= 0:
+        raise ConfigurationError(f"{what} must be positive, not {value!r}")
+    return number

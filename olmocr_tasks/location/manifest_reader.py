@@ -1,0 +1,243 @@
+"""The one way to read a run manifest: its summary at once, its entries streamed shard by shard.
+
+Every layout reads the same way: schema 3 summaries whose entries are in gzip JSON Lines shards
+(``olmocr_tasks.location.manifest``), and schema 1 and 2 manifests with every entry inline. Readers (the CLI's
+``manifest`` command, the OCR runs page, retention, notifications, tests and benches) never parse
+manifest JSON themselves, so a layout change stays in this module::
+
+    manifest = read_manifest(storage, output_uri, run_id)
+    manifest.summary["counts"]            # bounded, whatever the run's size
+    for doc in manifest.iter_documents():  # one shard in memory at a time
+        ...
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from functools import cached_property
+from typing import Any
+
+from olmocr_tasks.location.layout import shards_folder
+from olmocr_tasks.location.manifest import (
+    DEAD_LETTERS_KIND,
+    DOCUMENTS_KIND,
+    DocumentEntry,
+    Manifest,
+    error_class_counts,
+    manifest_uri,
+)
+from olmocr_tasks.storage.store import Storage
+
+# What a summary holds besides its entries; the inline entry lists of schema 1 and 2 are not summary.
+_INLINE = (DOCUMENTS_KIND, DEAD_LETTERS_KIND)
+
+
+class ManifestFormatError(ValueError):
+    """The object is not a manifest this reader understands (not a JSON object, a bad shard list)."""
+
+
+class ManifestReader:
+    """One published manifest: ``summary`` (a dict without entries) and its entries, read lazily."""
+
+    def __init__(self, storage: Storage, uri: str, data: dict[str, Any]) -> None:
+        if not isinstance(data, dict):
+            raise ManifestFormatError(f"expected a JSON object, found {type(data).__name__}")
+        self.storage = storage
+        self.uri = uri
+        self._inline = {kind: data.get(kind) or [] for kind in _INLINE} if "entries" not in data else None
+        self.summary: dict[str, Any] = {key: value for key, value in data.items() if key not in _INLINE}
+        if self._inline is None and not isinstance(data.get("entries"), dict):
+            raise ManifestFormatError("'entries' is not an object")
+
+    @classmethod
+    def from_bytes(cls, storage: Storage, uri: str, raw: bytes) -> ManifestReader:
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise ManifestFormatError(f"not JSON: {exc}") from exc
+        return cls(storage, uri, data)
+
+    @classmethod
+    def open(cls, storage: Storage, uri: str) -> ManifestReader:
+        """Read the summary at ``uri`` (``UnreadableSourceError`` if missing); entries are read on demand."""
+        return cls.from_bytes(storage, uri, storage.read_bytes(uri))
+
+    # ------------------------------------------------------------------------------- summary
+
+    @property
+    def sharded(self) -> bool:
+        return self._inline is None
+
+    @property
+    def schema_version(self) -> int:
+        return int(self.summary.get("schema_version") or 1)
+
+    def counts(self) -> dict[str, int]:
+        return dict(self.summary.get("counts") or {})
+
+    def metrics(self) -> dict[str, Any]:
+        return dict(self.summary.get("metrics") or {})
+
+    def error_budget(self) -> dict[str, Any]:
+        """The run's error-budget verdict as published (empty for a manifest published without one)."""
+        return dict(self.summary.get("error_budget") or {})
+
+    @property
+    def already_converted(self) -> int:
+        return int(self.counts().get("already_converted", 0))
+
+    def document_count(self, kind: str = DOCUMENTS_KIND) -> int:
+        if self._inline is not None:
+            return len(self._inline[kind])
+        return int((self.summary["entries"].get(kind) or {}).get("count", 0))
+
+    def error_classes(self) -> dict[str, int]:
+        """Failed documents per error class: from the summary (schema 3), else counted from the entries."""
+        if "error_classes" in self.summary:
+            return dict(self.summary["error_classes"])
+        return error_class_counts(DocumentEntry.from_dict(doc) for doc in self.iter_documents())
+
+    def manifest(self) -> Manifest:
+        """The summary as a ``Manifest`` (counts, metrics, cost; inline entries of old manifests kept)."""
+        if self._inline is not None:
+            return Manifest.from_dict({**self.summary, **self._inline})
+        return Manifest.from_dict(self.summary)
+
+    # ------------------------------------------------------------------------------- entries
+
+    def shard_uris(self, kind: str | None = None) -> list[str]:
+        """The shards the summary names (of one kind, or all), in order; none for inline manifests."""
+        return [uri for _, uri, _ in self._shards(kind)]
+
+    def _shards(self, kind: str | None) -> list[tuple[str, str, int]]:
+        if self._inline is not None:
+            return []
+        base = shards_folder(self.uri)
+        found = []
+        for each in (kind,) if kind else _INLINE:
+            for shard in (self.summary["entries"].get(each) or {}).get("shards") or []:
+                path = str(shard["path"])
+                # Shards live below the run's own folder: a summary cannot point a reader elsewhere.
+                if path.startswith("/") or ".." in path.split("/") or "://" in path:
+                    raise ManifestFormatError(f"shard path {path!r} leaves the run's folder")
+                found.append((each, base + path, int(shard.get("entries", 0))))
+        return found
+
+    def shard_table(self, kind: str = DOCUMENTS_KIND) -> list[dict[str, Any]]:
+        """Each shard of one kind: ``uri``, ``start`` (position of its first entry), ``entries`` and
+        ``statuses`` (entries per status, None in summaries written before shards counted them)."""
+        table, start = [], 0
+        raw = (self.summary.get("entries") or {}).get(kind) or {} if self._inline is None else {}
+        for (_, uri, entries), shard in zip(self._shards(kind), raw.get("shards") or [], strict=True):
+            statuses = shard.get("statuses")
+            table.append(
+                {
+                    "uri": uri,
+                    "start": start,
+                    "entries": entries,
+                    "statuses": statuses if isinstance(statuses, dict) else None,
+                }
+            )
+            start += entries
+        return table
+
+    def read_shard(self, uri: str, contains: str | None = None) -> list[tuple[int, dict[str, Any]]]:
+        """The entries of one shard (a ``uri`` from ``shard_table``) with their line numbers.
+
+        ``contains``: only lines whose text holds it (any letter case) are parsed, a cheap first cut
+        for a search by name (the caller still checks the field it means).
+        """
+        text = self._shard_text(uri)
+        needle = contains.casefold() if contains else None
+        return [
+            (number, json.loads(line))
+            for number, line in enumerate(text.splitlines())
+            if line.strip() and (needle is None or needle in line.casefold())
+        ]
+
+    def iter_documents(self) -> Iterator[dict[str, Any]]:
+        """Every document entry as a dict, in the order written, one shard in memory at a time."""
+        return self._iter(DOCUMENTS_KIND)
+
+    def iter_dead_letters(self) -> Iterator[dict[str, Any]]:
+        return self._iter(DEAD_LETTERS_KIND)
+
+    def iter_entries(self) -> Iterator[DocumentEntry]:
+        return (DocumentEntry.from_dict(doc) for doc in self.iter_documents())
+
+    def _iter(self, kind: str) -> Iterator[dict[str, Any]]:
+        if self._inline is not None:
+            yield from self._inline[kind]
+            return
+        for _, uri, _ in self._shards(kind):
+            yield from self._read_shard(uri)
+
+    def _shard_text(self, uri: str) -> str:
+        try:
+            return gzip.decompress(self.storage.read_bytes(uri)).decode("utf-8")
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise ManifestFormatError(f"shard {uri} is not gzip: {exc}") from exc
+
+    def _read_shard(self, uri: str) -> list[dict[str, Any]]:
+        try:
+            text = gzip.decompress(self.storage.read_bytes(uri))
+        except (OSError, EOFError) as exc:
+            raise ManifestFormatError(f"shard {uri} is not gzip: {exc}") from exc
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def page(self, start: int, count: int, kind: str = DOCUMENTS_KIND) -> list[dict[str, Any]]:
+        """Entries ``start`` to ``start + count`` (manifest order), reading only the shards they are in."""
+        if self._inline is not None:
+            return list(self._inline[kind][max(start, 0) : max(start, 0) + max(count, 0)])
+        wanted: list[dict[str, Any]] = []
+        offset = 0
+        for _, uri, entries in self._shards(kind):
+            if len(wanted) >= count:
+                break
+            if offset + entries > start:
+                skip = max(start - offset, 0)
+                # Only the wanted lines are parsed: a page of 100 from a shard of 10,000.
+                lines = [line for line in self._shard_text(uri).splitlines() if line.strip()]
+                wanted += [json.loads(line) for line in lines[skip : skip + count - len(wanted)]]
+            offset += entries
+        return wanted
+
+    @cached_property
+    def documents(self) -> list[DocumentEntry]:
+        """Every document entry, all in memory: for small runs and tests; stream with ``iter_entries``."""
+        return list(self.iter_entries())
+
+    @cached_property
+    def dead_letters(self) -> list[DocumentEntry]:
+        return [DocumentEntry.from_dict(doc) for doc in self.iter_dead_letters()]
+
+    def whole(self) -> dict[str, Any]:
+        """The manifest as one dict with ``documents`` and ``dead_letters`` inline (the schema 2 shape).
+
+        Holds every entry: for small runs, tests and the runs page's JSON API, not for archives.
+        """
+        # Without ``entries``: the entries are inline now, and a reader of this dict must read those.
+        return {
+            **{key: value for key, value in self.summary.items() if key != "entries"},
+            DOCUMENTS_KIND: list(self.iter_documents()),
+            DEAD_LETTERS_KIND: list(self.iter_dead_letters()),
+        }
+
+
+def read_manifest(storage: Storage, output_uri: str, run_id: str) -> ManifestReader | None:
+    """The published manifest of ``run_id`` under ``output_uri``, or None if it has none (yet)."""
+    uri = manifest_uri(output_uri, run_id)
+    raw = storage.read_bytes_or_none(uri)
+    return None if raw is None else ManifestReader.from_bytes(storage, uri, raw)
+
+
+def open_manifest(uri: str, storage: Storage | None = None) -> ManifestReader:
+    """The manifest whose summary is at ``uri`` (a local path, ``file://`` or ``s3://`` URI)."""
+    return ManifestReader.open(storage or Storage(), uri)
+
+
+def load_whole(uri: str, storage: Storage | None = None) -> dict[str, Any]:
+    """``open_manifest(uri).whole()``: the schema 2 shape with every entry inline (small runs, tests)."""
+    return open_manifest(uri, storage).whole()

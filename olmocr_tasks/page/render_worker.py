@@ -1,0 +1,358 @@
+"""What runs inside a render worker process: PDFium calls and the loop that answers the pool.
+
+PDFium is not thread-safe and hostile PDFs can crash or hang it, so every PDFium call runs in a worker
+process that ``render_pool.RenderPool`` starts, feeds and replaces (the parent side). The parent never
+imports pypdfium2: the helpers here import it lazily, so the pool can import this module for
+``PdfInfo`` and the worker's entry point.
+
+The pipe protocol: the pool sends ``(kind, args, drops)`` (``drops``: documents to forget first); the
+worker answers ``("ok", value)``, ``("document_error", class name, message)`` or ``("render_error",
+reason, message)``; it greets with ``("ready", pid)`` and stops on kind ``"stop"`` or EOF.
+
+Image semantics follow olmOCR 0.4.x: the page is rendered so that its longest side is
+``target_longest_image_dim`` pixels, honouring the page's ``/Rotate``; a ``rotation`` R is applied like
+olmOCR's ``rotation_correction`` (PIL ``Transpose.ROTATE_R``, counter-clockwise) and the PNG is
+returned as standard base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import io
+import json
+import math
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from olmocr_tasks.core.config import DocumentLimits
+from olmocr_tasks.core.errors import (
+    CorruptPdfError,
+    DocumentError,
+    EmptyDocumentError,
+    EncryptedPdfError,
+    NotPdfError,
+    TooLargeError,
+    UnreadableSourceError,
+)
+
+if TYPE_CHECKING:
+    import pypdfium2
+
+__all__ = [
+    "ROTATIONS",
+    "PageRequests",
+    "PdfInfo",
+    "open_document_sync",
+    "page_text_sync",
+    "pdf_info_sync",
+    "render_page_png_sync",
+    "target_size",
+    "worker_main",
+]
+
+_PDF_HEADER = b"%PDF-"
+# PDFium (like Acrobat) accepts a header preceded by junk within the first 1024 bytes.
+_HEADER_WINDOW = 1024
+ROTATIONS = (0, 90, 180, 270)
+_DOCUMENT_CACHE_SIZE = 8
+
+
+@dataclass(frozen=True)
+class PdfInfo:
+    """What a worker learns cheaply when it opens a document."""
+
+    page_count: int
+    size_bytes: int
+    # PDF version as PDFium reports it (14 for 1.4, 17 for 1.7); None when the header has none.
+    pdf_version: int | None
+    # The file is encrypted but opened with the empty user password (restrictions only).
+    is_encrypted_owner_only: bool
+
+
+def target_size(width_pt: float, height_pt: float, target_longest: int, max_pixels: int) -> tuple[int, int]:
+    """Pixel size of a render whose longest side is ``target_longest``, capped at ``max_pixels``.
+
+    Sides are rounded to the nearest pixel (never below 1) so the longest side is exactly the target;
+    only a render that would exceed ``max_pixels`` is scaled down as a whole.
+    """
+    if not (width_pt > 0 and height_pt > 0 and math.isfinite(width_pt) and math.isfinite(height_pt)):
+        raise ValueError(f"page has no usable size ({width_pt} x {height_pt} pt)")
+    if target_longest < 1:
+        raise ValueError("target_longest_image_dim must be positive")
+    scale = target_longest / max(width_pt, height_pt)
+    width, height = max(1, round(width_pt * scale)), max(1, round(height_pt * scale))
+    if width * height > max_pixels:
+        shrink = math.sqrt(max_pixels / (width * height))
+        width, height = max(1, math.floor(width * shrink)), max(1, math.floor(height * shrink))
+    return width, height
+
+
+# --------------------------------------------------------------------------------------------------
+# Synchronous PDFium helpers. They run inside the workers, and the benchmark floor calls them directly
+# so that both measure exactly the same rendering work.
+
+
+def open_document_sync(path: str, limits: DocumentLimits = DocumentLimits()) -> pypdfium2.PdfDocument:  # noqa: B008
+    """Open a local PDF with PDFium, turning every way it can be unusable into a typed DocumentError."""
+    import pypdfium2
+    import pypdfium2.raw as pdfium_c
+
+    try:
+        size = os.stat(path).st_size
+        with open(path, "rb") as handle:
+            head = handle.read(_HEADER_WINDOW)
+    except OSError as exc:
+        raise UnreadableSourceError(f"cannot read file: {exc.strerror or exc}") from None
+    if size == 0:
+        raise EmptyDocumentError("file is empty (0 bytes)")
+    if size > limits.max_bytes:
+        raise TooLargeError(f"file is {size} bytes, the limit is {limits.max_bytes}")
+    if _PDF_HEADER not in head:
+        raise NotPdfError(f"not a PDF: no {_PDF_HEADER.decode()} header in the first {_HEADER_WINDOW} bytes")
+
+    # The raw call instead of PdfDocument(path): pypdfium2 neither closes a document it rejects for
+    # having no pages nor lets us tell "0 pages" from "unparseable" without the error code.
+    raw = pdfium_c.FPDF_LoadDocument(os.fsencode(path) + b"\x00", None)
+    if not raw:
+        code = pdfium_c.FPDF_GetLastError()
+        if code == pdfium_c.FPDF_ERR_PASSWORD:
+            raise EncryptedPdfError("PDF is encrypted and needs a password to open")
+        if code == pdfium_c.FPDF_ERR_SECURITY:
+            raise EncryptedPdfError("PDF uses an unsupported encryption handler")
+        if code == pdfium_c.FPDF_ERR_FILE:
+            raise UnreadableSourceError("PDFium cannot open the file")
+        raise CorruptPdfError("PDF is damaged and cannot be parsed")
+    pdf = pypdfium2.PdfDocument(raw)
+    pages = pdfium_c.FPDF_GetPageCount(raw)
+    if pages < 1:
+        pdf.close()
+        raise EmptyDocumentError("PDF has no pages")
+    if pages > limits.max_pages:
+        pdf.close()
+        raise TooLargeError(f"PDF has {pages} pages, the limit is {limits.max_pages}")
+    return pdf
+
+
+def pdf_info_sync(pdf: pypdfium2.PdfDocument, size_bytes: int) -> PdfInfo:
+    import ctypes
+
+    import pypdfium2.raw as pdfium_c
+
+    version = ctypes.c_int(0)
+    has_version = pdfium_c.FPDF_GetFileVersion(pdf.raw, ctypes.byref(version))
+    return PdfInfo(
+        page_count=len(pdf),
+        size_bytes=size_bytes,
+        pdf_version=version.value if has_version else None,
+        # -1 means "no security handler"; any document that got this far opened without a password.
+        is_encrypted_owner_only=pdfium_c.FPDF_GetSecurityHandlerRevision(pdf.raw) != -1,
+    )
+
+
+def render_page_png_sync(
+    pdf: pypdfium2.PdfDocument,
+    page_index: int,
+    target_longest_image_dim: int = 1288,
+    png_compress_level: int = 1,
+    rotation: int = 0,
+    max_render_pixels: int = DocumentLimits.max_render_pixels,
+) -> bytes:
+    """PNG bytes (RGB) of one page, longest side ``target_longest_image_dim``, turned by ``rotation``.
+
+    ``rotation`` is olmOCR's rotation_correction: PIL ``Transpose.ROTATE_<rotation>`` of the upright
+    render, i.e. counter-clockwise.
+    """
+    import ctypes
+
+    import pypdfium2.raw as pdfium_c
+    from PIL import Image
+
+    if rotation not in ROTATIONS:
+        raise ValueError(f"rotation must be one of {ROTATIONS}, got {rotation}")
+    page = _get_page(pdf, page_index)
+    try:
+        # get_size() already accounts for /Rotate, and FPDF_RenderPageBitmap applies it.
+        width, height = target_size(*page.get_size(), target_longest_image_dim, max_render_pixels)
+        # Our own bitmap and FPDF_RenderPageBitmap rather than PdfPage.render(): render() derives the
+        # size with ceil(side * scale), which overshoots the target by a pixel on most page sizes.
+        # 3-byte pixels with the reverse-byte-order flag come out as RGB, which Pillow reads directly.
+        bitmap = pdfium_c.FPDFBitmap_CreateEx(width, height, pdfium_c.FPDFBitmap_BGR, None, 0)
+        if not bitmap:
+            raise MemoryError(f"PDFium could not allocate a {width}x{height} bitmap")
+        try:
+            pdfium_c.FPDFBitmap_FillRect(bitmap, 0, 0, width, height, 0xFFFFFFFF)
+            flags = pdfium_c.FPDF_ANNOT | pdfium_c.FPDF_REVERSE_BYTE_ORDER
+            pdfium_c.FPDF_RenderPageBitmap(bitmap, page.raw, 0, 0, width, height, 0, flags)
+            stride = pdfium_c.FPDFBitmap_GetStride(bitmap)
+            buffer = (ctypes.c_ubyte * (stride * height)).from_address(pdfium_c.FPDFBitmap_GetBuffer(bitmap))
+            # frombuffer copies RGB into Pillow's own storage, so the bitmap can go right after.
+            image = Image.frombuffer("RGB", (width, height), buffer, "raw", "RGB", stride, 1)
+        finally:
+            pdfium_c.FPDFBitmap_Destroy(bitmap)
+    finally:
+        page.close()
+    if rotation:
+        # Turning the pixels in memory (before the one PNG encode) rather than asking PDFium for a
+        # rotated render: PDFium rasterises text differently in rotated device space (about a quarter
+        # of the pixels of a text page differ), while olmOCR's contract is a transpose of the upright
+        # image. The transpose costs a few ms and only happens on rotation retries.
+        image = image.transpose(getattr(Image.Transpose, f"ROTATE_{rotation}"))
+    out = io.BytesIO()
+    image.save(out, format="PNG", compress_level=png_compress_level)
+    return out.getvalue()
+
+
+def page_text_sync(pdf: pypdfium2.PdfDocument, page_index: int) -> str:
+    """The page's text layer as PDFium extracts it ("" when it has none), with newlines normalised."""
+    page = _get_page(pdf, page_index)
+    try:
+        textpage = page.get_textpage()
+        try:
+            text = textpage.get_text_bounded()
+        finally:
+            textpage.close()
+    finally:
+        page.close()
+    # PDFium separates lines with CRLF; the rest of the pipeline (and pdftotext, which olmOCR uses for
+    # fallback pages) uses LF.
+    return text.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "")
+
+
+def _get_page(pdf: pypdfium2.PdfDocument, page_index: int) -> Any:
+    count = len(pdf)
+    if not 0 <= page_index < count:
+        raise IndexError(f"page index {page_index} is out of range (document has {count} pages)")
+    return pdf.get_page(page_index)
+
+
+# --------------------------------------------------------------------------------------------------
+# The request loop.
+
+
+class PageRequests:
+    """The requests a worker answers, over its open documents: a small LRU so consecutive pages do not
+    reopen the file. Tests that need a worker which hangs or dies on demand subclass it (``handle``)
+    and start the pool with their own ``worker_main``; production workers know only these kinds."""
+
+    def __init__(self, limits: DocumentLimits) -> None:
+        self.limits = limits
+        # path -> (stat identity, document, info). The identity catches a file replaced under the same
+        # name (temporary download paths get reused).
+        self.documents: collections.OrderedDict[str, tuple[tuple[int, int, int], Any, PdfInfo]] = (
+            collections.OrderedDict()
+        )
+
+    def document(self, path: str) -> tuple[Any, PdfInfo]:
+        try:
+            stat = os.stat(path)
+        except OSError as exc:
+            self.drop(path)
+            raise UnreadableSourceError(f"cannot read file: {exc.strerror or exc}") from None
+        identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        cached = self.documents.get(path)
+        if cached is not None and cached[0] == identity:
+            self.documents.move_to_end(path)
+            return cached[1], cached[2]
+        self.drop(path)
+        pdf = open_document_sync(path, self.limits)
+        info = pdf_info_sync(pdf, stat.st_size)
+        self.documents[path] = (identity, pdf, info)
+        while len(self.documents) > _DOCUMENT_CACHE_SIZE:
+            _, (_, old, _) = self.documents.popitem(last=False)
+            old.close()
+        return pdf, info
+
+    def drop(self, path: str) -> None:
+        cached = self.documents.pop(path, None)
+        if cached is not None:
+            cached[1].close()
+
+    def close(self) -> None:
+        for path in list(self.documents):
+            self.drop(path)
+
+    def handle(self, kind: str, args: tuple[Any, ...]) -> Any:
+        if kind == "inspect":
+            return self.document(args[0])[1]
+        if kind == "render":
+            path, page_index, target, rotation, level = args
+            pdf, _ = self.document(path)
+            png = render_page_png_sync(pdf, page_index, target, level, rotation, self.limits.max_render_pixels)
+            return base64.b64encode(png)
+        if kind == "text":
+            path, page_index = args
+            return page_text_sync(self.document(path)[0], page_index)
+        if kind == "noop":
+            return None
+        raise ValueError(f"unknown request kind {kind!r}")
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have Linux SIGKILL this worker when its parent dies.
+
+    A worker waiting for requests notices a dead parent as EOF, but one stuck inside PDFium would
+    live on as an orphan burning CPU (e.g. after the task process is SIGKILLed by a scheduler).
+    """
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    try:
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
+        os._exit(1)
+
+
+def worker_main(
+    fd: int,
+    limits_json: str,
+    parent_pid: int = 0,
+    nice: int = 0,
+    requests: Callable[[DocumentLimits], PageRequests] = PageRequests,
+) -> None:
+    """Entry point of a worker process: answer requests on the inherited connection until EOF."""
+    # Ctrl-C reaches the whole process group; the parent decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if nice > 0:
+        # A low-priority run's rendering yields the CPU to everything else on the host (see RenderPool).
+        os.nice(nice)
+    if parent_pid:
+        _die_with_parent(parent_pid)
+    conn = Connection(fd)
+    limits = DocumentLimits(**json.loads(limits_json))
+    # Loaded before announcing readiness: a broken installation fails the start, not the first page,
+    # and the first page does not pay for the imports.
+    import pypdfium2  # noqa: F401
+    from PIL import Image, PngImagePlugin  # noqa: F401
+
+    state = requests(limits)
+    conn.send(("ready", os.getpid()))
+    try:
+        while True:
+            try:
+                kind, args, drops = conn.recv()
+            except (EOFError, OSError):
+                break  # the parent went away
+            for path in drops:
+                state.drop(path)
+            if kind == "stop":
+                break
+            try:
+                reply: tuple[Any, ...] = ("ok", state.handle(kind, args))
+            except DocumentError as exc:
+                reply = ("document_error", type(exc).__name__, str(exc))
+            except Exception as exc:
+                reply = ("render_error", "failed", f"{type(exc).__name__}: {exc}")
+            conn.send(reply)
+    finally:
+        state.close()
+        conn.close()

@@ -1,0 +1,280 @@
+"""Planning a run, for the CLI and the Airflow ``plan`` task alike: what to convert, in which batches.
+
+``plan_run`` discovers what a run must convert (dropping what is converted already, listing dead
+letters, re-driving earlier failures that are due). ``start_plan`` writes that plan into the run
+folder, the record publishing works from; ``plan_batches`` also packs the plan into batches (one
+object each in the run folder) and returns one small descriptor per batch, what Airflow maps
+``convert`` over. The CLI cuts its plan into slices itself (``olmocr_tasks.run.pipeline.run_conversion``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any
+
+from olmocr_tasks.location.documents import SourceDocument
+from olmocr_tasks.location.ledger import Ledger, LedgerSnapshot, fingerprint
+from olmocr_tasks.location.manifest import SKIP_RETRY_LATER, DocumentEntry
+from olmocr_tasks.location.outputs import output_stem
+from olmocr_tasks.location.runs import RunFolder, RunPlan
+from olmocr_tasks.run.batching import BatchingRule, pack_batches
+from olmocr_tasks.run.discovery import MissingSource, iter_pdfs, resolve_explicit
+from olmocr_tasks.run.request import RunRequest
+from olmocr_tasks.storage.store import ObjectInfo, Storage
+from olmocr_tasks.storage.uri import is_s3, local_path
+
+log = logging.getLogger(__name__)
+
+# Long enough to recognise a document in the grid; 1000 batch descriptors stay around 100 KB.
+_LABEL_CHARS = 80
+
+
+def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
+    """Discover what this run must convert. Cheap: one listing of the input and one of the state.
+
+    A run that names its documents (``documents``: REST, S3 events) plans exactly those. Any other
+    run plans what discovery lists; a version whose last outcome was a failure (``not_converted``
+    included: publishing records those) is *re-driven*: planned with ``redriven`` set once its next
+    attempt is due (its last failure's run time plus ``retry_interval``), else reported as skipped
+    ``retry_later``. A reconciliation run (``redrive``: scheduled runs, a manual scope "all", the CLI)
+    also re-drives the due failed versions under its input that discovery did not list, whatever their
+    LastModified: a scheduled run's window alone would never see them again. ``retry_dead_letters``
+    takes dead letters back for one more try.
+    """
+    plan = RunPlan(sources=[])
+    ledger = Ledger(request.output_uri, storage, request.conversion_key)
+    # Reprocessing converts everything discovered: the state listing would be read for nothing.
+    snapshot = None if request.reprocess else ledger.snapshot()
+    candidates: Iterable[ObjectInfo]
+    if request.documents is not None:
+        found: list[ObjectInfo] = []
+        for item in resolve_explicit(request.documents, storage):
+            if isinstance(item, MissingSource):
+                plan.unavailable.append(
+                    DocumentEntry(source=item.uri, status="failed", error_class="unreadable", error=item.reason)
+                )
+            else:
+                found.append(item)
+        candidates = found
+    else:
+        candidates = iter_pdfs(
+            request.input_uri,
+            storage,
+            modified_after=request.modified_after,
+            modified_until=request.modified_until,
+        )
+    seen: set[str] = set()
+    max_failed_attempts = request.run_settings.max_failed_attempts
+
+    def consider(info: ObjectInfo, discovered: bool = True) -> None:
+        seen.add(info.uri)
+        redriven = False
+        if snapshot is not None:
+            status = snapshot.status(info)
+            if status == "done":
+                plan.already_converted += 1
+                return
+            if not request.retry_dead_letters and snapshot.is_dead_letter(info, max_failed_attempts):
+                plan.dead_letters.append(dead_letter_entry(ledger, snapshot, info))
+                return
+            # A named document is converted because someone named it, failed before or not.
+            if status != "new" and request.documents is None:
+                retry_from = _retry_from(request, ledger, snapshot, info)
+                if retry_from is not None and request.run_time < retry_from:
+                    if discovered:
+                        plan.left_for_later.append(retry_later_entry(ledger, snapshot, info, retry_from))
+                    return
+                redriven = True
+        plan.sources.append(SourceDocument(info=info, stem=output_stem(info.uri, request.input_uri), redriven=redriven))
+        plan.redriven += redriven
+
+    def full() -> bool:
+        return request.max_documents is not None and len(plan.sources) >= request.max_documents
+
+    for info in candidates:
+        if full():
+            break
+        consider(info)
+    if snapshot is not None and request.redrive and request.documents is None and request.input_uri:
+        for info in _redrive_candidates(request, ledger, snapshot, storage, seen):
+            if full():
+                break
+            consider(info, discovered=False)
+    return plan
+
+
+def _retry_from(request: RunRequest, ledger: Ledger, snapshot: LedgerSnapshot, info: ObjectInfo) -> datetime | None:
+    """The earliest run time that may try this failed version again (None: any time)."""
+    if request.retry_interval <= timedelta(0):
+        return None
+    last = ledger.latest_failure(snapshot, info)
+    return None if last is None or last.run_time is None else last.run_time + request.retry_interval
+
+
+def retry_later_entry(
+    ledger: Ledger, snapshot: LedgerSnapshot, info: ObjectInfo, retry_from: datetime
+) -> DocumentEntry:
+    """A discovered version that failed recently: skipped until its next attempt is due."""
+    last = ledger.latest_failure(snapshot, info)
+    return DocumentEntry(
+        source=info.uri,
+        status="skipped",
+        size=info.size,
+        skip_reason=SKIP_RETRY_LATER,
+        claimed_by=last.run_id if last else None,
+        retry_from=retry_from.isoformat(),
+        error=f"failed recently ({last.error_class}: {last.error}); tried again from {retry_from.isoformat()}"
+        if last
+        else None,
+    )
+
+
+def _redrive_candidates(
+    request: RunRequest, ledger: Ledger, snapshot: LedgerSnapshot, storage: Storage, seen: set[str]
+) -> Iterator[ObjectInfo]:
+    """Failed versions under the input that discovery did not list, if the object is still that version.
+
+    Dead letters are left alone (not even listed) unless the run takes them back.
+    """
+    input_uri, retry_dead_letters = request.input_uri, request.retry_dead_letters
+    max_failed_attempts = request.run_settings.max_failed_attempts
+    # Sources discovery already listed are skipped before their markers are read (scope "all" lists all).
+    wanted = ledger.failed_sources(
+        snapshot, lambda runs: retry_dead_letters or runs < max_failed_attempts, known=list(seen)
+    )
+    for recorded in wanted:
+        if recorded.uri in seen or not _within(recorded.uri, input_uri):
+            continue
+        retry_from = _retry_from(request, ledger, snapshot, recorded)
+        if retry_from is not None and request.run_time < retry_from:
+            continue  # not due: a later reconciliation run takes it
+        current = storage.stat(recorded.uri)
+        # Gone, or replaced by new content: the new version has its own LastModified and history.
+        if current is not None and fingerprint(current) == fingerprint(recorded):
+            seen.add(recorded.uri)
+            yield current
+
+
+def _within(uri: str, folder: str) -> bool:
+    if is_s3(uri) != is_s3(folder):
+        return False
+    path, base = (uri, folder) if is_s3(uri) else (local_path(uri), local_path(folder))
+    base = base.rstrip("/")
+    return path == base or path.startswith(base + "/")
+
+
+def dead_letter_entry(ledger: Ledger, snapshot: LedgerSnapshot, info: ObjectInfo) -> DocumentEntry:
+    """A dead letter's manifest line: how often it failed and its last error."""
+    last = ledger.last_failure(info)
+    reason = f"{last.error_class}: {last.error}" if last else "unknown"
+    return DocumentEntry(
+        source=info.uri,
+        status="failed",
+        size=info.size,
+        error_class="dead_letter",
+        error=f"failed in {snapshot.failures(info)} runs; last error: {reason}",
+        failed_attempts=snapshot.failures(info),
+    )
+
+
+def list_dead_letters(
+    output_uri: str, storage: Storage, conversion_key: str, max_failed_attempts: int
+) -> list[DocumentEntry]:
+    """The dead letters of an output location for one conversion key (model, prompt, render size)."""
+    ledger = Ledger(output_uri, storage, conversion_key)
+    snapshot = ledger.snapshot()
+    return [
+        dead_letter_entry(ledger, snapshot, info)
+        for info in ledger.failed_sources(snapshot, lambda runs: runs >= max_failed_attempts)
+    ]
+
+
+def start_plan(request: RunRequest, storage: Storage, folder: RunFolder) -> RunPlan:
+    """Plan the run afresh into ``folder``: what an earlier pass left there goes, the new plan is written."""
+    folder.clear_earlier_attempt()
+    plan = plan_run(request, storage)
+    folder.write_plan(plan)
+    return plan
+
+
+def plan_batches(request: RunRequest, storage: Storage, folder: RunFolder, rule: BatchingRule) -> list[dict[str, Any]]:
+    """Plan the run into ``folder`` packed into batches; returns one small descriptor per batch.
+
+    Each batch's sources go to an object of their own, so a convert task reads only its own, not the
+    whole plan. A descriptor: ``{"plan": "p1-3f9c0a2e", "batch": "b00012", "label": "inbox/report.pdf",
+    "documents": 1, "pages": 3}`` (pages estimated from sizes, for the convert attempt's time limit).
+    """
+    earlier_batches = folder.earlier_batch_count()
+    plan = start_plan(request, storage, folder)
+    batches = pack_batches(plan.sources, rule)
+    # Padded with empty batches (no-op convert instances, an empty part file each) to at least one and
+    # to the previous pass's count: Airflow 3.3 does not map a cleared run's ``convert`` beyond the
+    # previous pass's length, so a shorter pass would strand a later, longer one's batches.
+    batches += [[] for _ in range(max(1, earlier_batches) - len(batches))]
+    descriptors = [
+        {
+            "plan": folder.plan_id,
+            "batch": f"b{index:05d}",
+            "label": batch_label(batch, request.input_uri),
+            "documents": len(batch),
+            "pages": sum(rule.estimated_pages(source) for source in batch),
+        }
+        for index, batch in enumerate(batches)
+    ]
+
+    def write(item: tuple[dict[str, Any], list[SourceDocument]]) -> None:
+        descriptor, batch = item
+        folder.write_batch(descriptor["batch"], batch)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(write, zip(descriptors, batches, strict=True)))
+    log_plan(request, plan, sum(1 for batch in batches if batch))
+    if len(batches) < len(plan.sources):
+        log.info("packed %d documents into %d batches (%s)", len(plan.sources), len(batches), rule)
+    return descriptors
+
+
+def log_plan(request: RunRequest, plan: RunPlan, batches: int) -> None:
+    """One line saying what the run will do: its window, what it converts, and what it leaves alone."""
+    window = (
+        f"modified in ({request.modified_after.isoformat()}, {request.modified_until.isoformat()}]"
+        if request.modified_after and request.modified_until
+        else "explicit list"
+        if request.documents is not None
+        else "any time"
+    )
+    log.info(
+        "run %s (%s): %d to convert (%d re-driven) in %d batches, %d already converted, %d dead letters, "
+        "%d unavailable",
+        request.run_id,
+        window,
+        len(plan.sources),
+        plan.redriven,
+        batches,
+        plan.already_converted,
+        len(plan.dead_letters),
+        len(plan.unavailable),
+    )
+
+
+def batch_label(sources: Sequence[SourceDocument], input_uri: str) -> str:
+    """A human label for a batch, shown as the mapped instance's name in the grid."""
+
+    def name(source: SourceDocument) -> str:
+        uri = source.uri
+        base = input_uri.rstrip("/")
+        if base and uri.startswith(base + "/"):
+            return uri[len(base) + 1 :]
+        return uri.split("://", 1)[-1].split("/", 1)[-1] if is_s3(uri) else uri.rsplit("/", 1)[-1]
+
+    if not sources:
+        return "nothing to convert"
+    if len(sources) == 1:
+        label = name(sources[0])
+    else:
+        first, last = (name(source).rsplit("/", 1)[-1] for source in (sources[0], sources[-1]))
+        label = f"{len(sources)} documents: {first} … {last}"
+    return label if len(label) <= _LABEL_CHARS else "…" + label[-(_LABEL_CHARS - 1) :]

@@ -1,0 +1,220 @@
+"""Publishing a run, for the CLI and the Airflow ``publish_manifest`` task alike: its manifest and verdict.
+
+``publish_run`` merges the plan and what every batch reported into the run manifest (entries to
+shards, the summary last, the commit marker). A planned document no batch reported is a failure of
+this run, ``not_converted``, recorded in the ledger so later runs re-drive it; the error budget
+(``RunSettings.max_document_error_rate``) is judged once, here, into the manifest, where the Airflow
+``enforce_error_budget`` task, the CLI's exit code and the OCR runs page read it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from olmocr_tasks import __version__
+from olmocr_tasks.core.clock import utc_now
+from olmocr_tasks.inference.gpu_busy import GpuBusy, total_gpu_busy
+from olmocr_tasks.location.documents import SourceDocument
+from olmocr_tasks.location.ledger import Ledger
+from olmocr_tasks.location.manifest import (
+    NOT_CONVERTED,
+    SHARD_ENTRIES,
+    DocumentEntry,
+    Manifest,
+    ManifestWriter,
+    write_manifest,
+)
+from olmocr_tasks.location.manifest_reader import ManifestReader
+from olmocr_tasks.location.runs import RunFolder, RunPlan
+from olmocr_tasks.page.protocol import PROMPT_VERSION
+from olmocr_tasks.run.request import RunRequest
+from olmocr_tasks.storage.store import REQUEST_KINDS, Storage
+
+
+def not_converted(source: SourceDocument, reason: str) -> DocumentEntry:
+    """The entry of a planned document no attempt converted or failed: a failure of its run, re-driven later."""
+    return DocumentEntry(
+        source=source.uri, status="failed", size=source.info.size, error_class=NOT_CONVERTED, error=reason
+    )
+
+
+def _manifest_header(
+    request: RunRequest, plan: RunPlan, *, gpu_busy: GpuBusy | None = None, finished_at: str | None = None
+) -> Manifest:
+    """The run's manifest without entries: what it was, how it was configured, when it ran."""
+    return Manifest(
+        run_id=request.run_id,
+        started_at=plan.started_at,
+        finished_at=finished_at or utc_now(),
+        server=request.settings.server.public_dict(),
+        model=request.settings.server.connection.model,
+        prompt_version=PROMPT_VERSION,
+        package_version=__version__,
+        settings=request.settings.public_dict(),
+        input_uri=request.input_uri,
+        output_uri=request.output_uri,
+        already_converted=plan.already_converted,
+        gpu_hour_price=request.settings.gpu_hour_price,
+        gpu_busy=gpu_busy,
+    )
+
+
+def build_manifest(
+    request: RunRequest,
+    plan: RunPlan,
+    entries_by_source: dict[str, DocumentEntry],
+    *,
+    gpu_busy: GpuBusy | None = None,
+    finished_at: str | None = None,
+) -> Manifest:
+    """Merge plan and results in memory; a planned document without a result is recorded as failed.
+
+    For small runs and tests: ``publish_run`` does the same while streaming, holding one batch at a time.
+    ``gpu_busy`` is what the batches measured (``RunFolder.collect_results``); without it, or when some
+    batch did not measure its own, the manifest's cost falls back to the run's wall-clock time.
+    """
+    documents: list[DocumentEntry] = list(plan.unavailable)
+    for source in plan.sources:
+        entry = entries_by_source.get(source.uri)
+        if entry is None:
+            entry = _lost(source)
+        entry.redriven = source.redriven
+        documents.append(entry)
+    documents.extend(plan.left_for_later)
+    manifest = _manifest_header(request, plan, gpu_busy=gpu_busy, finished_at=finished_at)
+    manifest.documents, manifest.dead_letters = documents, plan.dead_letters
+    manifest.judge_error_budget(request.run_settings.max_document_error_rate)
+    return manifest
+
+
+def _lost(source: SourceDocument) -> DocumentEntry:
+    return not_converted(source, "its batch did not finish (see the task log); it will be retried by the next run")
+
+
+def publish_manifest(manifest: Manifest, storage: Storage) -> str:
+    """Publish an in-memory manifest: its entries to shards, then its summary (the commit marker)."""
+    return write_manifest(manifest, storage)
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """What ``publish_run`` wrote: the summary (totals, no entries), its URI, and how many planned
+    documents no batch reported (recorded as ``not_converted`` failures)."""
+
+    manifest: Manifest
+    uri: str
+    not_converted: int
+
+    def reader(self, storage: Storage) -> ManifestReader:
+        """The published manifest, read back through the one reader (from memory: no extra request)."""
+        return ManifestReader(storage, self.uri, self.manifest.to_dict())
+
+    @property
+    def verdict(self) -> dict[str, Any]:
+        """The error budget's verdict (``max_document_error_rate``, ``exceeded``, ``problems``)."""
+        return self.manifest.error_budget or {}
+
+    def summary(self) -> dict[str, Any]:
+        """What a caller passes on (the publish task's XCom): manifest URI, counts and verdict, no entries."""
+        return {
+            "manifest": self.uri,
+            "run_id": self.manifest.run_id,
+            "output_uri": self.manifest.output_uri,
+            **self.manifest.counts(),
+            "error_budget": self.verdict,
+        }
+
+
+def publish_run(
+    request: RunRequest,
+    storage: Storage,
+    folder: RunFolder,
+    plan: RunPlan,
+    *,
+    airflow_run: dict[str, Any] | None = None,
+    shard_entries: int = SHARD_ENTRIES,
+) -> PublishedRun:
+    """Stream a run's results into its manifest: entries to shards batch by batch, the summary last.
+
+    Holds one batch's report at a time (``RunFolder.iter_reports``) and the set of planned sources;
+    counts and metrics are folded as the entries stream (``ManifestWriter``). A planned document no
+    batch reported is recorded as failed ``not_converted``, in the manifest and as a failure of this
+    run in the ledger, so later runs re-drive it. The error budget is judged into the summary.
+    ``airflow_run``: the DAG run the manifest belongs to (None for the CLI).
+    """
+    writer = ManifestWriter(storage, request.output_uri, request.run_id, shard_entries=shard_entries)
+    for entry in plan.unavailable:
+        writer.add(entry)
+    # Planned sources not reported yet, in plan order; what is left at the end was never reported.
+    pending = {source.uri: source for source in plan.sources}
+    gpu_reports: list[GpuBusy | None] = []
+    request_reports: list[dict[str, int] | None] = []
+    for report in folder.iter_reports():
+        for entry in report.entries:
+            source = pending.pop(entry.source, None)
+            if source is None:
+                continue  # not planned by this plan, or already reported by another batch
+            entry.redriven = source.redriven
+            writer.add(entry)
+        gpu_reports.append(report.gpu_busy)
+        request_reports.append(report.storage_requests)
+    lost = list(pending.values())
+    for source in lost:
+        entry = _lost(source)
+        entry.redriven = source.redriven
+        writer.add(entry)
+    for entry in plan.left_for_later:
+        writer.add(entry)
+    for entry in plan.dead_letters:
+        writer.add_dead_letter(entry)
+    if lost:
+        _mark_not_converted(request, storage, lost)
+    manifest = _manifest_header(request, plan, gpu_busy=total_gpu_busy(gpu_reports))
+    manifest.storage_requests = total_storage_requests(request_reports)
+    manifest.totals = writer.totals
+    manifest.judge_error_budget(request.run_settings.max_document_error_rate)
+    manifest.airflow_run = airflow_run
+    uri = writer.commit(manifest)
+    return PublishedRun(manifest, uri, len(lost))
+
+
+def total_storage_requests(reports: Iterable[dict[str, int] | None]) -> dict[str, Any] | None:
+    """A run's storage requests by kind, summed over its batches' reports (None: no batch at all).
+
+    ``complete`` is False when some batch reported none (an attempt that died before its part, a part
+    written before requests were counted): the counts are then a lower bound.
+    """
+    totals: Counter[str] = Counter()
+    complete, batches = True, 0
+    for report in reports:
+        batches += 1
+        if report is None:
+            complete = False
+            continue
+        totals.update(report)
+    if not batches:
+        return None
+    return {"by_kind": {kind: totals[kind] for kind in REQUEST_KINDS}, "batches": batches, "complete": complete}
+
+
+def _mark_not_converted(request: RunRequest, storage: Storage, sources: Iterable[SourceDocument]) -> None:
+    ledger = Ledger(request.output_uri, storage, request.conversion_key)
+    for source in sources:
+        ledger.mark_failed(
+            source.info, NOT_CONVERTED, "its batch did not finish", request.run_id, run_time=request.run_time
+        )
+
+
+def remember_not_converted(request: RunRequest, storage: Storage, plan: RunPlan, manifest: Manifest) -> int:
+    """Record each planned document no batch reported as a failure of this run, so later runs re-drive it.
+
+    Counted like any failure: a document that keeps taking its batch down becomes a dead letter.
+    (``publish_run`` does the same while it streams.)
+    """
+    lost = {doc.source for doc in manifest.documents if doc.error_class == NOT_CONVERTED}
+    if lost:
+        _mark_not_converted(request, storage, [source for source in plan.sources if source.uri in lost])
+    return len(lost)

@@ -1,0 +1,234 @@
+"""``s3://`` buckets as a storage backend, through s3fs's client (botocore underneath).
+
+botocore's own "standard" retry mode re-sends a single HTTP request a few times on throttling, 5xx
+and connection errors (it rewinds the request body itself); s3fs's retry loop is switched off
+(``retries=1``) so it does not multiply with the retries ``Storage`` wraps around whole operations.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+from olmocr_tasks.storage.backends import ObjectInfo
+from olmocr_tasks.storage.backends.failures import classify
+from olmocr_tasks.storage.uri import split_s3
+
+# Larger listing pages are capped by S3 itself.
+_PAGE_SIZE = 1000
+
+
+def storage_options_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """s3fs options from the usual AWS_* variables, for handing explicit options to another process.
+
+    In-process this is not needed: with no options s3fs and botocore read the environment themselves.
+    """
+    env = os.environ if environ is None else environ
+    options: dict[str, Any] = {}
+    if env.get("AWS_ACCESS_KEY_ID"):
+        options["key"] = env["AWS_ACCESS_KEY_ID"]
+    if env.get("AWS_SECRET_ACCESS_KEY"):
+        options["secret"] = env["AWS_SECRET_ACCESS_KEY"]
+    if env.get("AWS_SESSION_TOKEN"):
+        options["token"] = env["AWS_SESSION_TOKEN"]
+    client_kwargs: dict[str, Any] = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        client_kwargs["endpoint_url"] = endpoint
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        client_kwargs["region_name"] = region
+    if client_kwargs:
+        options["client_kwargs"] = client_kwargs
+    return options
+
+
+class S3Backend:
+    """Objects in S3 (or an S3-compatible store) through one lazily built s3fs client per process.
+
+    ``storage_options`` go to s3fs (``key``, ``secret``, ``token``, ``endpoint_url``,
+    ``client_kwargs``, ``config_kwargs``...); without them s3fs uses the environment.
+    """
+
+    retries_transient_failures = True
+    # botocore, aiohttp and s3fs raise many unrelated types; classification sorts them out.
+    failure_types: tuple[type[BaseException], ...] = (Exception,)
+
+    def __init__(
+        self,
+        storage_options: dict[str, Any],
+        *,
+        botocore_attempts: int,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        multipart_chunksize: int,
+    ) -> None:
+        self._options = dict(storage_options)
+        self._config = {
+            "retries": {"mode": "standard", "total_max_attempts": max(1, botocore_attempts)},
+            "connect_timeout": connect_timeout_s,
+            "read_timeout": read_timeout_s,
+        }
+        # Objects up to twice this size are uploaded with one PUT; larger ones as a multipart upload,
+        # which S3 only publishes on completion (s3fs aborts it on failure), so both are all-or-nothing.
+        self.multipart_chunksize = multipart_chunksize
+        self._fs: Any = None
+        self._fs_pid: int | None = None
+        # Callers run storage calls from many threads (asyncio.to_thread): build the client once.
+        self._fs_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The s3fs client is bound to this process's event loop; a copy rebuilds its own.
+        state = self.__dict__.copy()
+        state["_fs"] = None
+        state["_fs_pid"] = None
+        del state["_fs_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._fs_lock = threading.Lock()
+
+    def read(self, uri: str) -> bytes:
+        # One GET through s3fs's client; s3fs's cat_file would send a HEAD first.
+        from fsspec.asyn import sync
+
+        bucket, key = _object_key(uri)
+        fs = self._s3fs()
+
+        async def fetch() -> bytes:
+            response = await fs._call_s3("get_object", Bucket=bucket, Key=key)
+            body = response["Body"]
+            try:
+                return await body.read()
+            finally:
+                body.close()
+
+        return sync(fs.loop, fetch)
+
+    def download_into(self, uri: str, temp_path: str) -> None:
+        bucket, key = _object_key(uri)
+        # get_file opens the target with "wb": each attempt rewrites it from the start.
+        self._s3fs().get_file(f"{bucket}/{key}", temp_path)
+
+    def write(self, uri: str, data: bytes, content_type: str | None) -> None:
+        bucket, key = _object_key(uri)
+        extra = {"ContentType": content_type} if content_type else {}
+        self._s3fs().pipe_file(f"{bucket}/{key}", data, chunksize=self.multipart_chunksize, **extra)
+
+    def create(self, uri: str, data: bytes) -> bool:
+        bucket, key = _object_key(uri)
+        try:
+            # S3 conditional write: 412 PreconditionFailed when the key exists.
+            self._s3fs().call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        except Exception as exc:
+            if classify(exc).kind == "exists":
+                return False
+            raise
+        return True
+
+    def stat(self, uri: str) -> ObjectInfo | None:
+        bucket, key = split_s3(uri)
+        if not key:
+            raise ValueError(f"stat needs an object key, got a bucket: {uri!r}")
+        try:
+            response = self._s3fs().call_s3("head_object", Bucket=bucket, Key=key)
+        except Exception as exc:
+            if classify(exc).kind == "not_found":
+                return None
+            raise
+        return ObjectInfo(
+            uri,
+            int(response.get("ContentLength", 0)),
+            _clean_etag(response.get("ETag")),
+            _utc(response["LastModified"]),
+        )
+
+    def delete(self, uri: str) -> None:
+        bucket, key = split_s3(uri)
+        self._s3fs().call_s3("delete_object", Bucket=bucket, Key=key)
+
+    def list_pages(self, prefix_uri: str) -> _S3Listing:
+        return _S3Listing(self, prefix_uri)
+
+    def call(self, operation: str, **kwargs: Any) -> Any:
+        """One S3 API call (``list_objects_v2``, ``head_object``...) through the shared client."""
+        return self._s3fs().call_s3(operation, **kwargs)
+
+    def _s3fs(self) -> Any:
+        # A forked child must not reuse the parent's client: its event loop lives in the parent.
+        if self._fs is not None and self._fs_pid == os.getpid():
+            return self._fs
+        with self._fs_lock:
+            if self._fs is None or self._fs_pid != os.getpid():
+                self._fs = self._new_s3fs()
+                self._fs_pid = os.getpid()
+        return self._fs
+
+    def _new_s3fs(self) -> Any:
+        import fsspec
+
+        options = dict(self._options)
+        config = {**self._config, **(options.pop("config_kwargs", None) or {})}
+        s3fs_retries = options.pop("retries", 1)
+        fs = fsspec.filesystem(
+            "s3", skip_instance_cache=True, use_listings_cache=False, config_kwargs=config, **options
+        )
+        # A class attribute in s3fs, not a constructor argument.
+        fs.retries = s3fs_retries
+        return fs
+
+
+class _S3Listing:
+    """ListObjectsV2 page by page; a failed page is asked for again with the same continuation token."""
+
+    def __init__(self, backend: S3Backend, prefix_uri: str) -> None:
+        self._backend = backend
+        self._bucket, key = split_s3(prefix_uri)
+        # The prefix is a folder: "s3://b/in" lists "in/..." but not "input/...".
+        self._prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+        self._token: str | None = None
+        self._done = False
+
+    def next_page(self) -> list[ObjectInfo] | None:
+        if self._done:
+            return None
+        kwargs: dict[str, Any] = {"Bucket": self._bucket, "Prefix": self._prefix, "MaxKeys": _PAGE_SIZE}
+        if self._token:
+            kwargs["ContinuationToken"] = self._token
+        page = self._backend.call("list_objects_v2", **kwargs)
+        self._token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+        self._done = not self._token
+        return [
+            ObjectInfo(
+                f"s3://{self._bucket}/{item['Key']}",
+                int(item.get("Size", 0)),
+                _clean_etag(item.get("ETag")),
+                _utc(item["LastModified"]),
+            )
+            for item in page.get("Contents", []) or []
+            # zero-byte "folder" markers made by consoles
+            if not item["Key"].endswith("/")
+        ]
+
+    def close(self) -> None:
+        self._done = True
+
+
+def _object_key(uri: str) -> tuple[str, str]:
+    bucket, key = split_s3(uri)
+    if not key or key.endswith("/"):
+        raise ValueError(f"need an object key, got a folder or bucket: {uri!r}")
+    return bucket, key
+
+
+def _clean_etag(etag: str | None) -> str | None:
+    return etag.strip('"') if etag else None
+
+
+def _utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)

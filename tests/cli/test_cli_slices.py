@@ -1,0 +1,78 @@
+"""The CLI converts a big run slice by slice: one batch of the run folder per slice, one manifest for all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from olmocr_tasks.core.config import ConversionSettings, ServerSettings
+from olmocr_tasks.location.manifest import DocumentEntry
+from olmocr_tasks.run.pipeline import cli_batch_key, convert_batch, run_conversion
+from olmocr_tasks.run.planning import plan_run
+from olmocr_tasks.run.request import RunRequest
+from olmocr_tasks.storage.store import Storage
+from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.standin.server import StandinServer
+
+
+def _request(inbox: Path, output: Path, standin: StandinServer) -> RunRequest:
+    settings = ConversionSettings(server=ServerSettings(base_urls=(standin.url,), model=standin.model))
+    return RunRequest(input_uri=str(inbox), output_uri=str(output), run_id="sliced", settings=settings)
+
+
+def _write_inbox(inbox: Path, documents: int) -> None:
+    for doc_id in range(documents):
+        pdfgen.write_pdf(inbox / f"doc{doc_id:02d}.pdf", pdfgen.text_pdf(1, doc_id=doc_id))
+
+
+def _part_sizes(output: Path) -> dict[str, int]:
+    """batch key → entries in its latest part."""
+    sizes = {}
+    for part in sorted((output / "_runs" / "sliced" / "plan" / "attempts").glob("*/try-*/part.json")):
+        sizes[part.parents[1].name] = len(json.loads(part.read_text())["entries"])
+    return sizes
+
+
+def test_a_run_is_converted_in_slices_and_published_as_one_manifest(tmp_path: Path, standin: StandinServer) -> None:
+    inbox, output = tmp_path / "inbox", tmp_path / "out"
+    _write_inbox(inbox, 5)
+    reader, _ = run_conversion(_request(inbox, output, standin), Storage(), batch_documents=2)
+
+    assert _part_sizes(output) == {cli_batch_key(0): 2, cli_batch_key(1): 2, cli_batch_key(2): 1}
+    documents = reader.whole()["documents"]
+    assert sorted(Path(doc["source"]).name for doc in documents) == [f"doc{i:02d}.pdf" for i in range(5)]
+    assert {doc["status"] for doc in documents} == {"converted"}
+    assert reader.counts()["converted"] == 5 and reader.counts()["pages"] == 5
+
+
+def test_a_resumed_run_converts_only_the_slices_it_had_not_finished(tmp_path: Path, standin: StandinServer) -> None:
+    """A CLI stopped after its first slice: the rerun carries that slice forward and converts the rest."""
+    inbox, output = tmp_path / "inbox", tmp_path / "out"
+    _write_inbox(inbox, 5)
+    storage = Storage()
+    request = _request(inbox, output, standin)
+    plan = plan_run(request, storage)
+    folder = request.run_folder(storage)
+    folder.write_plan(plan)
+    convert_batch(request, storage, cli_batch_key(0), plan.sources[:2], folder=folder)
+    sent_before = standin.stats()["completed"]
+
+    reader, _ = run_conversion(request, storage, batch_documents=2)
+
+    assert standin.stats()["completed"] - sent_before == 3, "only the three unfinished documents are sent"
+    assert reader.counts()["converted"] == 5
+    assert _part_sizes(output) == {cli_batch_key(0): 2, cli_batch_key(1): 2, cli_batch_key(2): 1}
+
+
+def test_a_plan_written_source_by_source_reads_back_whole(tmp_path: Path, standin: StandinServer) -> None:
+    inbox, output = tmp_path / "inbox", tmp_path / "out"
+    _write_inbox(inbox, 3)
+    storage = Storage()
+    request = _request(inbox, output, standin)
+    plan = plan_run(request, storage)
+    plan.dead_letters.append(DocumentEntry(source=str(inbox / "gone.pdf"), status="failed", error='"sources": []'))
+    folder = request.run_folder(storage)
+    folder.write_plan(plan)
+
+    assert folder.read_plan().to_dict() == plan.to_dict()
+    assert json.loads(plan.to_json()) == plan.to_dict()

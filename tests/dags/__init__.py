@@ -1,0 +1,1 @@
+"""Tests of the DAG files in dags/."""

@@ -1,0 +1,1 @@
+"""Checks of docker/'s files that the compose tier cannot run."""

@@ -1,0 +1,182 @@
+"""Priority classes (``olmocr_tasks.inference.priority``): which class a run gets, and how it reaches vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from olmocr_tasks.core.config import ServerSettings
+from olmocr_tasks.core.errors import ConfigurationError
+from olmocr_tasks.inference.client import InferenceClient
+from olmocr_tasks.inference.priority import AIRFLOW_WEIGHT, HIGH, LOW, NORMAL, VLLM_PRIORITY, run_class, with_priority
+from olmocr_tasks.page.protocol import RequestBodyBuilder
+from olmocr_tasks.provider.policy import task_instance_mutation_hook
+from tests.fixtures.standin import StandinServer, marked_png
+
+
+@pytest.mark.parametrize(
+    ("run_type", "params", "expected"),
+    [
+        ("asset_triggered", {}, HIGH),
+        ("manual", {"documents": ["s3://in/a.pdf"]}, HIGH),
+        ("scheduled", {"scope": "auto"}, NORMAL),
+        ("manual", {"scope": "interval"}, NORMAL),
+        ("backfill", {"scope": "auto"}, LOW),
+        ("manual", {"scope": "all"}, LOW),
+        ("manual", {"scope": "auto"}, LOW),
+        # The Param wins over the choice by run type.
+        ("backfill", {"priority_class": "high"}, HIGH),
+        ("manual", {"documents": ["s3://in/a.pdf"], "priority_class": "low"}, LOW),
+        ("scheduled", {"priority_class": "auto"}, NORMAL),
+    ],
+)
+def test_class_of_a_run(run_type: str, params: dict[str, Any], expected: str) -> None:
+    assert run_class(run_type, params) == expected
+
+
+def test_event_runs_are_high_and_an_unknown_class_is_refused() -> None:
+    assert run_class("manual", {}, names_documents=True) == HIGH
+    with pytest.raises(ConfigurationError, match="priority class"):
+        run_class("manual", {"priority_class": "urgent"})
+    assert VLLM_PRIORITY[HIGH] < VLLM_PRIORITY[NORMAL] == 0 < VLLM_PRIORITY[LOW]
+
+
+def test_priority_is_the_last_key_as_json_dumps_writes_it() -> None:
+    body = RequestBodyBuilder("m").build(b"QUJD", 0.1)
+    expected = json.loads(body) | {"priority": -10}
+    assert with_priority(body, -10) == json.dumps(expected).encode()
+    assert with_priority(b"{}", 3) == b'{"priority": 3}'
+    with pytest.raises(ValueError, match="JSON object"):
+        with_priority(b"[1]", 3)
+
+
+def _sent_bodies(server: StandinServer, settings: ServerSettings, body: bytes) -> list[bytes]:
+    async def scenario() -> None:
+        async with InferenceClient(settings) as client:
+            await client.complete(body)
+
+    asyncio.run(scenario())
+    return server.bodies()
+
+
+def test_priority_reaches_vllm_only_under_priority_scheduling(standin_factory: Any) -> None:
+    body = RequestBodyBuilder(ServerSettings().connection.model).build(marked_png(1, 1, as_base64=True), 0.1)
+    base = {"model": ServerSettings().connection.model, "adaptive_concurrency": False, "priority": VLLM_PRIORITY[LOW]}
+
+    fcfs = standin_factory()
+    settings = ServerSettings(base_urls=(fcfs.url,), **base)
+    # fcfs (the default): the body goes out exactly as built, byte for byte, whatever the run's class.
+    assert _sent_bodies(fcfs, settings, body) == [body]
+
+    prioritised = standin_factory(scheduling_policy="priority")
+    settings = ServerSettings(base_urls=(prioritised.url,), scheduling_policy="priority", **base)
+    (sent,) = _sent_bodies(prioritised, settings, body)
+    assert sent == with_priority(body, VLLM_PRIORITY[LOW])
+    assert prioritised.requests()[0]["priority"] == VLLM_PRIORITY[LOW]
+
+
+def test_unknown_scheduling_policy_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="scheduling_policy"):
+        InferenceClient(ServerSettings(scheduling_policy="lottery"))
+
+
+def _convert_ti(pool: str = "olmocr_vllm", task_id: str = "convert", dag_id: str = "olmocr_ingest") -> SimpleNamespace:
+    return SimpleNamespace(dag_id=dag_id, task_id=task_id, pool=pool, priority_weight=1)
+
+
+@pytest.mark.parametrize(
+    ("run_type", "conf", "weight"),
+    [
+        ("manual", {"documents": ["s3://in/a.pdf"]}, AIRFLOW_WEIGHT[HIGH]),
+        ("asset_triggered", {}, AIRFLOW_WEIGHT[HIGH]),
+        ("scheduled", {}, AIRFLOW_WEIGHT[NORMAL]),
+        ("backfill", {}, AIRFLOW_WEIGHT[LOW]),
+        ("manual", {"scope": "all"}, AIRFLOW_WEIGHT[LOW]),
+        ("backfill", {"priority_class": "high"}, AIRFLOW_WEIGHT[HIGH]),
+    ],
+)
+def test_cluster_policy_weighs_convert_instances_by_class(
+    run_type: str, conf: dict[str, Any], weight: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OLMOCR_HIGH_PRIORITY_POOL", raising=False)
+    ti = _convert_ti()
+    task_instance_mutation_hook(ti, SimpleNamespace(run_type=run_type, conf=conf))
+    assert (ti.priority_weight, ti.pool) == (weight, "olmocr_vllm")
+    assert AIRFLOW_WEIGHT[HIGH] > AIRFLOW_WEIGHT[NORMAL] > AIRFLOW_WEIGHT[LOW]
+
+
+def test_cluster_policy_reserved_pool_and_what_it_leaves_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OLMOCR_HIGH_PRIORITY_POOL", "olmocr_vllm_high")
+    high, low = _convert_ti(), _convert_ti()
+    task_instance_mutation_hook(high, SimpleNamespace(run_type="manual", conf={"documents": ["a.pdf"]}))
+    task_instance_mutation_hook(low, SimpleNamespace(run_type="backfill", conf={}))
+    assert (high.pool, low.pool) == ("olmocr_vllm_high", "olmocr_vllm")
+    # Other tasks, instances not bound to a run yet and bad Params are left as they are.
+    for ti, run in (
+        (_convert_ti(task_id="plan"), SimpleNamespace(run_type="backfill", conf={})),
+        (_convert_ti(), None),
+        (_convert_ti(), SimpleNamespace(run_type="manual", conf={"priority_class": "urgent"})),
+        (_convert_ti(pool="someone_elses"), SimpleNamespace(run_type="backfill", conf={})),
+        # Another DAG's task named convert, even in our pool, is someone else's.
+        (_convert_ti(dag_id="their_etl"), SimpleNamespace(run_type="manual", conf={"documents": ["a.pdf"]})),
+    ):
+        before = dict(vars(ti))
+        task_instance_mutation_hook(ti, run)
+        assert vars(ti) == before
+
+
+def test_a_dag_of_ones_own_is_placed_once_named_in_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OLMOCR_HIGH_PRIORITY_POOL", raising=False)
+    monkeypatch.setenv("OLMOCR_POLICY_DAGS", "olmocr_ingest, invoices_ocr")
+    ours, theirs = _convert_ti(dag_id="invoices_ocr"), _convert_ti(dag_id="olmocr_s3_events")
+    for ti in (ours, theirs):
+        task_instance_mutation_hook(ti, SimpleNamespace(run_type="asset_triggered", conf={}))
+    assert (ours.priority_weight, theirs.priority_weight) == (AIRFLOW_WEIGHT[HIGH], 1)
+
+
+def test_the_policy_reaches_airflow_through_its_entry_point() -> None:
+    """Installing the package is enough: Airflow's policy plugin manager (pluggy) loads the
+    ``airflow.policy`` entry point, and its hook places a convert instance."""
+    import pluggy
+    from airflow import policies
+
+    manager = pluggy.PluginManager(policies.local_settings_hookspec.project_name)
+    manager.add_hookspecs(policies)
+    manager.load_setuptools_entrypoints("airflow.policy")
+    assert "olmocr_tasks.provider.policy" in {
+        impl.plugin.__name__ for impl in manager.hook.task_instance_mutation_hook.get_hookimpls()
+    }
+    ti = _convert_ti()
+    manager.hook.task_instance_mutation_hook(
+        task_instance=ti, dag_run=SimpleNamespace(run_type="manual", conf={"documents": ["a.pdf"]})
+    )
+    assert ti.priority_weight == AIRFLOW_WEIGHT[HIGH]
+
+
+def test_a_low_priority_run_is_planned_short_and_renders_niced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a run's class changes in the task code: the plan's waves and the render workers' niceness,
+    each with its setting (0 switches the niceness off; a nonsense value is a configuration error)."""
+    from olmocr_tasks.inference.priority import RENDER_NICE
+    from olmocr_tasks.provider.tasks import batching_rule, render_nice
+    from olmocr_tasks.run.batching import LOW_CLASS_MIN_WAVES
+    from olmocr_tasks.run.request import RunRequest
+
+    for name in ("OLMOCR_LOW_CLASS_WAVES", "OLMOCR_LOW_PRIORITY_NICE", "OLMOCR_BATCH_PAGES"):
+        monkeypatch.delenv(name, raising=False)
+    request = RunRequest(input_uri="/in", output_uri="/out", run_id="r")
+    assert batching_rule({}, request, LOW).min_waves == LOW_CLASS_MIN_WAVES > 1
+    assert batching_rule({}, request, HIGH).min_waves == batching_rule({}, request, NORMAL).min_waves == 1
+    # A run that names its batch size keeps it, whatever its class.
+    named = batching_rule({"batch_pages": 8}, request, LOW)
+    assert (named.min_pages, named.min_waves) == (8, 1)
+    assert (render_nice(HIGH), render_nice(NORMAL), render_nice(LOW)) == (0, 0, RENDER_NICE[LOW])
+    monkeypatch.setenv("OLMOCR_LOW_CLASS_WAVES", "3")
+    monkeypatch.setenv("OLMOCR_LOW_PRIORITY_NICE", "0")
+    assert (batching_rule({}, request, LOW).min_waves, render_nice(LOW)) == (3, 0)
+    monkeypatch.setenv("OLMOCR_LOW_PRIORITY_NICE", "25")
+    with pytest.raises(ConfigurationError, match="OLMOCR_LOW_PRIORITY_NICE"):
+        render_nice(LOW)

@@ -1,0 +1,1 @@
+"""Tests of the OCR runs page (plugins/olmocr_runs)."""

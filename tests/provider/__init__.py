@@ -1,0 +1,1 @@
+"""Tests of the Airflow side (olmocr_tasks.provider), through real Airflow runs."""

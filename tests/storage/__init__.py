@@ -1,0 +1,1 @@
+"""Tests of olmocr_tasks.storage.store."""

@@ -1,0 +1,1 @@
+"""Tests of the test kit itself (the stand-in vLLM server)."""
