@@ -6,6 +6,15 @@ plugins folder. This one places convert instances by their run's priority class
 A deployment with its own ``airflow_local_settings.py`` (which wins) adds the same import to it.
 """
 
-from olmocr_tasks.provider.policy import task_instance_mutation_hook
+from __future__ import annotations
 
-__all__ = ["task_instance_mutation_hook"]
+from typing import Any
+
+
+def task_instance_mutation_hook(task_instance: Any) -> None:
+    # Imported when called, not when loaded: Airflow loads this module while it initialises, and the
+    # policy module imports Airflow, so a process whose first import is the policy module would find
+    # it half-initialised here.
+    from olmocr_tasks.provider.policy import task_instance_mutation_hook as place_by_priority
+
+    place_by_priority(task_instance)

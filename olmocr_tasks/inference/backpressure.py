@@ -299,6 +299,9 @@ class MetricsPoller:
             self._meter.interrupt()
 
     async def fetch(self, source: MetricsSource) -> QueueSample | None:
+        # The server's state as of no earlier than this moment: a reading is dated by when it was
+        # asked for, so a slow answer (a loaded client or server) never makes it look newer than it is.
+        asked_at = self._clock()
         try:
             response = await self._http.get(
                 source.metrics_url, headers=self._headers, timeout=httpx.Timeout(_METRICS_TIMEOUT_S, pool=None)
@@ -320,5 +323,5 @@ class MetricsPoller:
             self._meter.observe(source, self._clock(), sample)
         source.metrics_absent = False
         source.sample = sample.queue
-        source.sample_read_at = self._clock()
+        source.sample_read_at = asked_at
         return sample.queue

@@ -33,11 +33,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import json
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
@@ -198,6 +199,9 @@ class InferenceClient:
             follow_redirects=False,
             transport=transport,
         )
+        # httpx's own transport reports when a request's body has been written (the trace extension);
+        # an injected one may not, and then hedging judges a request from when it was sent.
+        self._traces_delivery = transport is None
         _install_httpx_filter()
         self._window = InFlightWindow(
             floor=concurrency.min_concurrent_requests,
@@ -447,17 +451,29 @@ class InferenceClient:
         exc = state.outcome.exception() if state.outcome is not None else None
         log.debug("retrying in %.2f s after %s", state.upcoming_sleep, exc)
 
+    async def _trace_delivery(self, call: CallState, event: str, info: Mapping[str, Any]) -> None:
+        """httpcore's connection events of one attempt: once its body is written (or the write failed
+        and the server may answer anyway), the server may hold it."""
+        if event.endswith((".send_request_body.complete", ".send_request_body.failed")):
+            call.delivered_at, call.in_transit = self._clock(), False
+
     async def _attempt(self, body: bytes, call: CallState) -> dict[str, Any]:
         replica = self._replicas.pick(call.failed_replicas, self._clock())
         started = self._clock()
         call.previous_attempt_started = call.last_attempt_started
         call.last_attempt_started = started
         call.backing_off = False
+        call.delivered_at, call.in_transit = None, self._traces_delivery
         replica.outstanding += 1
         replica.requests += 1
         self._requests += 1
         try:
-            response = await self._http.post(replica.completions_url, content=body, headers=self._headers)
+            response = await self._http.post(
+                replica.completions_url,
+                content=body,
+                headers=self._headers,
+                extensions={"trace": functools.partial(self._trace_delivery, call)},
+            )
         except httpx.ConnectTimeout as exc:
             raise self._failed(call, replica, started, "connect", exc) from None
         except httpx.TimeoutException as exc:

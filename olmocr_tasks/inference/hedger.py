@@ -28,6 +28,9 @@ class Outstanding(Protocol):
 
     # When its latest attempt was sent: hedge timing counts from there.
     last_attempt_started: float
+    # When that attempt's body reached its connection, and whether it is still on its way there.
+    delivered_at: float | None
+    in_transit: bool
     # Between a failed attempt and the next: no request of it is at the server, so nothing to hedge.
     backing_off: bool
 
@@ -142,7 +145,13 @@ class Hedger:
                 if policy.enabled and hedges < policy.hedge_limit:
                     self._observe()
                     sent_at = newest.last_attempt_started
-                    due_at = None if newest.backing_off else policy.due_at(sent_at, hedges)
+                    due_at = (
+                        None
+                        if newest.backing_off
+                        else policy.due_at(
+                            sent_at, hedges, delivered_at=newest.delivered_at, in_transit=newest.in_transit
+                        )
+                    )
                     now = self._clock()
                     # Look again at least once per recheck: a request sent before the run's first
                     # answers is judged again by the rule they make possible; a server without room

@@ -157,16 +157,23 @@ class HedgePolicy:
         high = self.typical()
         return None if high is None else max(self._min_delay_s, self._multiple * high)
 
-    def due_at(self, sent_at: float, hedges_sent: int = 0) -> float | None:
+    def due_at(
+        self, sent_at: float, hedges_sent: int = 0, *, delivered_at: float | None = None, in_transit: bool = False
+    ) -> float | None:
         """The moment the newest request of a page, sent at ``sent_at`` after ``hedges_sent`` hedges,
         becomes worth hedging, as far as known now: the earliest of the rules that apply (busy; idle
         while the server is idle; the cold-start rule before ``MIN_SAMPLES`` answers; lost request),
         past ``max_hedges`` the lost-request rule alone. None while hedging is off, the page has had
-        ``hedge_limit`` hedges, or it has had ``max_hedges`` and the server has not said it is lost."""
+        ``hedge_limit`` hedges, or it has had ``max_hedges`` and the server has not said it is lost.
+
+        The lost-request rule judges a request from ``delivered_at`` (its body fully written to the
+        connection) when known, and not at all while it is ``in_transit``: on a loaded client, waiting
+        for a connection or writing a large image can take longer than the rule's settling time, and
+        the server cannot count a request it has not received yet."""
         if not self.enabled or hedges_sent >= self.hedge_limit:
             return None
         floor = sent_at + self._min_delay_s
-        lost = self.lost_at(sent_at)
+        lost = None if in_transit else self.lost_at(sent_at if delivered_at is None else delivered_at)
         if hedges_sent >= self.max_hedges:
             return None if lost is None else max(floor, lost)
         high = self.typical()

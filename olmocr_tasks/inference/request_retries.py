@@ -32,7 +32,9 @@ class CallState:
     __slots__ = (
         "backing_off",
         "backoff_rounds",
+        "delivered_at",
         "failed_replicas",
+        "in_transit",
         "last_attempt_started",
         "previous_attempt_started",
         "started",
@@ -46,6 +48,12 @@ class CallState:
         self.backoff_rounds = 0
         # Between a failed attempt and the next: no request of this call is at the server.
         self.backing_off = False
+        # When the latest attempt's body was fully written to its connection (None: not known, e.g. a
+        # transport that does not trace), and whether it is still being sent (waiting for a pooled
+        # connection, connecting, writing): until then the server cannot hold it, so its absence from
+        # the server's gauges says nothing about it being lost.
+        self.delivered_at: float | None = None
+        self.in_transit = False
 
 
 def backoff_delay(settings: RetrySettings, rounds: int, retry_after: float | None = None) -> float:

@@ -100,6 +100,21 @@ def test_lost_request_needs_two_empty_readings_after_it_was_sent() -> None:
     assert policy.lost_at(11.5) is None
 
 
+def test_a_request_still_on_its_way_to_the_server_is_not_judged_lost() -> None:
+    """A loaded client may take longer than the settling time to get a connection and write a large
+    image: the server holds nothing meanwhile, and saying so is no sign the request was lost."""
+    policy = policy_with([])
+    sent = 10.0
+    for read_at in (11.5, 12.6, 13.7):
+        policy.observe_reading(holds_requests=False, read_at=read_at)
+    assert policy.lost_at(sent) == 12.6
+    assert policy.due_at(sent, in_transit=True) == pytest.approx(sent + COLD_PRIOR_FRACTION * 300.0)
+    # Delivered at 12.0: only readings from a settling time after that count, and two a second apart.
+    assert policy.due_at(sent, delivered_at=12.0) == pytest.approx(sent + COLD_PRIOR_FRACTION * 300.0)
+    policy.observe_reading(holds_requests=False, read_at=14.8)
+    assert policy.due_at(sent, delivered_at=12.0) == pytest.approx(14.8)
+
+
 def test_a_reading_with_any_request_at_the_server_clears_the_evidence() -> None:
     policy = policy_with([])
     for read_at in (2.0, 3.0):
@@ -241,6 +256,8 @@ class Request:
         self.number = number
         self.last_attempt_started = time.monotonic()
         self.backing_off = False
+        self.delivered_at: float | None = None
+        self.in_transit = False
 
 
 def hedger_with(*, ceiling: int = 16, recheck_s: float = 0.02, **settings: float | bool) -> Hedger:
