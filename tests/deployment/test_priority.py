@@ -4,7 +4,8 @@ server's queue (the connection's ``scheduling_policy`` is ``priority``, as the s
 
 Scaled down from the bench's scenario (``bench/priority.py``: ~1,000 pages) so the tier stays lean: a
 low-priority run of 400 pages in 20 convert instances that keeps the server (8 x 0.5 s) and both pool
-slots busy for longer than a one-page run takes.
+slots busy for longer than a one-page run takes. It is stopped once the one-page run has finished: what
+the test asserts has happened by then.
 """
 
 from __future__ import annotations
@@ -101,24 +102,33 @@ def test_documents_run_overtakes_a_saturating_low_priority_run(
 
     wait_until(saturated, 240, interval=1.0, what="the low-priority run holding both slots and a server queue")
     loaded = _one_page_run(deployment, bucket, prefix, "loaded", doc_id=202)
-    big = deployment.api.wait_for_run(DAG, big_id, timeout=600)
-
-    assert big["state"] == "success"
-    assert converted(bucket.manifest(big_conf["output_uri"], DAG, big_id) or {"documents": []}) != []
+    big_converts = _converts(deployment, big_id)
+    # Everything asserted below happened by now; the rest of the big run would only lengthen the tier.
+    # Marked failed over REST, its running instances are stopped and the waiting ones never start.
+    deployment.api.ok("PATCH", f"/api/v2/dags/{DAG}/dagRuns/{big_id}", json={"state": "failed"})
+    wait_until(
+        lambda: not any(ti["state"] in ("running", "queued") for ti in _converts(deployment, big_id)),
+        300,
+        interval=1.0,
+        what="the stopped big run's convert instances gone from the pool",
+    )
     # The time against the idle run is the bench's figure (bench/priority.py, on a quiet machine); here,
     # beside the rest of the suite, it is only reported. What makes it is asserted as event order: the
     # one-page run overtook the big run at both places it could have waited behind it.
     print(f"one-page run: {_seconds(loaded):.1f} s beside the big run, {_seconds(idle):.1f} s idle")
     (urgent,) = _converts(deployment, loaded["dag_run_id"])
-    big_converts = _converts(deployment, big_id)
     # 1. For a pool slot: every big-run instance still waiting when the urgent one became ready was
-    #    queued after it (without classes, equal weights go by logical date and the urgent run comes last).
+    #    queued after it, or not yet when the urgent run ended (without classes, equal weights go by
+    #    logical date and the urgent run comes last).
     ready = _at(urgent["scheduled_when"])
-    overtaken = [ti for ti in big_converts if _at(ti["queued_when"]) > ready]
+    overtaken = [ti for ti in big_converts if ti["queued_when"] is None or _at(ti["queued_when"]) > ready]
     assert overtaken, "the big run had no instance waiting for a slot when the urgent one became ready"
-    assert all(_at(ti["queued_when"]) >= _at(urgent["queued_when"]) for ti in overtaken), [
-        (ti["map_index"], ti["queued_when"]) for ti in overtaken if _at(ti["queued_when"]) < _at(urgent["queued_when"])
+    queued_first = [
+        (ti["map_index"], ti["queued_when"])
+        for ti in overtaken
+        if ti["queued_when"] is not None and _at(ti["queued_when"]) < _at(urgent["queued_when"])
     ]
+    assert queued_first == []
     assert urgent["priority_weight"] == AIRFLOW_WEIGHT[HIGH]
     assert {ti["priority_weight"] for ti in big_converts} == {AIRFLOW_WEIGHT[LOW]}
     # 2. Every page request carried its run's class to the server's queue, and the urgent page started

@@ -26,7 +26,9 @@ import pytest
 from olmocr_tasks.testing.cluster import REPO_ROOT, AirflowApi, answers
 from olmocr_tasks.testing.ports import PORT_ATTEMPTS, address_in_use, free_port
 
-pytestmark = [pytest.mark.deployment, pytest.mark.timeout(900)]
+# Not in the deployment tier: it starts its own embedded Airflow (SQLite) from a clone, not the shared
+# Celery deployment, so it runs beside that tier instead of lengthening it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 LOGIN = re.compile(r"Airflow UI \(embedded\): (http://127\.0\.0\.1:\d+)\s+login: (\S+) / (\S+)")
 
