@@ -34,8 +34,16 @@ log = logging.getLogger(__name__)
 _READ_WORKERS = 8
 
 
+# What reading a manifest's summary or shards may raise when the stored data is bad or unreachable.
+READ_ERRORS = (StorageError, UnreadableSourceError, ManifestFormatError, ValueError, KeyError)
+
+
 class ManifestReadError(Exception):
     """A manifest file exists but is not a readable manifest (bad JSON, not an object, I/O error)."""
+
+    @classmethod
+    def of(cls, exc: Exception) -> ManifestReadError:
+        return cls(f"{type(exc).__name__}: {exc}")
 
 
 @dataclass(frozen=True)
@@ -96,7 +104,7 @@ class ManifestStore:
         try:
             return ManifestReader.open(self.storage, manifest.uri)
         except (StorageError, UnreadableSourceError, ManifestFormatError) as exc:
-            raise ManifestReadError(f"{type(exc).__name__}: {exc}") from exc
+            raise ManifestReadError.of(exc) from exc
 
     def reader(self, manifest: ManifestFile) -> ManifestReader:
         """The run's summary from the listing's cache when it is current, else read; entries stay unread."""
@@ -118,8 +126,8 @@ class ManifestStore:
                 return self._overviews[key]
         try:
             folded = overview_of(reader.iter_documents(), reader.iter_dead_letters())
-        except (StorageError, UnreadableSourceError, ManifestFormatError, ValueError, KeyError) as exc:
-            raise ManifestReadError(f"{type(exc).__name__}: {exc}") from exc
+        except READ_ERRORS as exc:
+            raise ManifestReadError.of(exc) from exc
         with self._lock:
             self._overviews = {k: v for k, v in self._overviews.items() if k[0] != manifest.uri}
             self._overviews[key] = folded
@@ -132,8 +140,8 @@ class ManifestStore:
         reader = self.reader(manifest)
         try:
             page = reader.page(index, 1)
-        except (StorageError, UnreadableSourceError, ManifestFormatError, ValueError, KeyError) as exc:
-            raise ManifestReadError(f"{type(exc).__name__}: {exc}") from exc
+        except READ_ERRORS as exc:
+            raise ManifestReadError.of(exc) from exc
         return page[0] if page and isinstance(page[0], dict) else None
 
     def find(self, key: str) -> ManifestFile | None:

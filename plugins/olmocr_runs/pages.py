@@ -1,0 +1,241 @@
+"""The HTML pages: the list of runs (with the search across runs), a run's page, and a document's
+outputs as plain text.
+
+All pages render on the server and work without JavaScript; every value from a manifest is escaped
+by Jinja2's autoescaping, and charts escape their own labels.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from markupsafe import Markup
+
+from olmocr_tasks.core.errors import StorageError, UnreadableSourceError
+from olmocr_tasks.core.redaction import redact_url
+from olmocr_tasks.location.manifest_reader import ManifestReader
+from olmocr_tasks.storage.access import AccessPolicy, LocationNotAllowedError
+
+from . import charts
+from .configured import not_configured_message
+from .dependencies import AirflowBase, ConfiguredStore
+from .paging import PAGE_SIZE, STATES, SearchResult, page_of_documents, search_runs
+from .runs import OUTPUT_KINDS, RunDetail, RunSummary, build_detail, output_of
+from .store import READ_ERRORS, Listing, ManifestReadError, ManifestStore
+from .templating import render
+
+MAX_PER_PAGE = 500
+# Documents listed per page of a search across runs; the next page continues where it stopped.
+MAX_MATCHES = 100
+
+router = APIRouter()
+
+
+@router.get("/", response_class=HTMLResponse, name="runs_page")
+def runs_page(
+    request: Request,
+    store: ConfiguredStore,
+    airflow_base: AirflowBase,
+    page: int = Query(1, ge=1),
+    per_page: int = Query(50, ge=1, le=MAX_PER_PAGE),
+    q: str = Query("", max_length=500, description="part of a source name, searched across every run"),
+    from_run: str = Query("", max_length=300, description="a search's continuation: the run it resumes in"),
+    start: int = Query(0, ge=0, alias="from", description="a search's continuation: the position in that run"),
+) -> HTMLResponse:
+    query = q.strip()
+    if store is None:
+        # Nothing failed: the page says what to configure.
+        listing, location, search, status_code = Listing(error=not_configured_message()), None, None, 200
+    else:
+        listing = store.listing()
+        location = redact_url(store.display_dir)
+        search = _search(store, listing, query, from_run, start) if query else None
+        status_code = 502 if listing.error else 200
+    total = len(listing.runs)
+    pages = max(1, math.ceil(total / per_page))
+    page = min(page, pages)
+    return render(
+        request,
+        "runs.html",
+        status_code=status_code,
+        runs=listing.runs[(page - 1) * per_page : page * per_page],
+        notes=listing.notes,
+        error=listing.error,
+        location=location,
+        page=page,
+        pages=pages,
+        per_page=per_page,
+        total=total,
+        query=query,
+        search=search,
+        airflow_base=airflow_base,
+    )
+
+
+def _search(store: ManifestStore, listing: Listing, query: str, from_run: str, start: int) -> SearchResult | None:
+    """Bounded: a page of matches or SCAN_BUDGET entries per request, newest run first. A shard that
+    cannot be read ends the search with a note on the listing."""
+
+    def reader_of(run: RunSummary) -> ManifestReader | None:
+        try:
+            return store.reader(listing.files[run.key])
+        except ManifestReadError:
+            return None
+
+    try:
+        return search_runs(listing.runs, reader_of, query, from_run=from_run or None, start=start, max_hits=MAX_MATCHES)
+    except READ_ERRORS as exc:
+        listing.notes.append(f"The search stopped at an unreadable manifest shard ({type(exc).__name__}: {exc}).")
+        return None
+
+
+@router.get("/runs/{run_key}", response_class=HTMLResponse, name="run_page")
+def run_page(
+    request: Request,
+    run_key: str,
+    store: ConfiguredStore,
+    airflow_base: AirflowBase,
+    page: int = Query(1, ge=1, description="page of the documents table"),
+    state: str = Query("", description="only documents of this status: converted, failed or skipped"),
+    q: str = Query("", max_length=500, description="only documents whose source contains this"),
+    start: int = Query(0, ge=0, alias="from", description="a name search's continuation: the position"),
+) -> HTMLResponse:
+    if store is None:
+        return render(
+            request,
+            "not_found.html",
+            status_code=404,
+            what="run",
+            run_key=run_key,
+            message=not_configured_message(),
+        )
+    manifest = store.find(run_key)
+    if manifest is None:
+        return render(request, "not_found.html", status_code=404, what="run", run_key=run_key)
+    try:
+        # The summary (with the charts' overview), and the shard(s) of the one page shown.
+        reader = store.reader(manifest)
+        overview = store.overview(manifest, reader)
+        documents = page_of_documents(reader, page=page, state=state, query=q.strip(), start=start)
+    except (ManifestReadError, *READ_ERRORS) as exc:
+        return render(
+            request,
+            "not_found.html",
+            status_code=422,
+            what="manifest",
+            run_key=run_key,
+            message=f"The manifest of this run could not be read ({exc}).",
+        )
+    detail = build_detail(manifest.key, reader.summary, overview, airflow_base)
+    return render(
+        request,
+        "run.html",
+        airflow_base=airflow_base,
+        run=detail,
+        documents=documents,
+        states=STATES,
+        page_size=PAGE_SIZE,
+        charts=_charts(detail),
+        server_json=json.dumps(detail.server, indent=1, sort_keys=True, default=str),
+        settings_json=json.dumps(detail.settings, indent=1, sort_keys=True, default=str),
+    )
+
+
+def _charts(detail: RunDetail) -> list[dict[str, Any]]:
+    """Each chart's SVG (escaped by the chart code itself, hence Markup) and its caption."""
+    return [
+        {
+            "svg": Markup(
+                charts.line_chart(
+                    "Pages converted over time",
+                    detail.progress,
+                    x_label="seconds since the run started",
+                    y_label="pages (cumulative)",
+                    empty_message="No converted pages",
+                    whole_y=True,
+                )
+            ),
+            "caption": detail.progress_note,
+        },
+        {
+            "svg": Markup(
+                charts.bar_chart(
+                    "Page latency distribution",
+                    detail.latency_bins,
+                    x_label="seconds per page (accepted attempt), bin lower edge",
+                    y_label="pages",
+                    empty_message="No page latencies recorded",
+                )
+            ),
+            "caption": f"{detail.latency_count:,} page latencies from the documents of this run.",
+        },
+        {
+            "svg": Markup(
+                charts.bar_chart(
+                    "Failures by error class",
+                    detail.failures_by_class,
+                    x_label="error class",
+                    y_label="documents",
+                    empty_message="No failures",
+                )
+            ),
+            "caption": "Failed documents and dead letters, each source version counted once.",
+        },
+        {
+            "svg": Markup(
+                charts.bar_chart(
+                    "Accepted attempt per page",
+                    [(f"#{attempt}", n) for attempt, n in detail.attempt_histogram],
+                    x_label="attempt on which the page was accepted",
+                    y_label="pages",
+                    empty_message="No attempt data",
+                )
+            ),
+            "caption": "Pages accepted on the first try, and how many needed retries.",
+        },
+    ]
+
+
+@router.get("/runs/{run_key}/documents/{index}/{kind}", name="document_output")
+def document_output(run_key: str, index: int, kind: str, store: ConfiguredStore) -> Response:
+    """A document's markdown or Dolma record, as plain text.
+
+    Found through the manifest (never a path from the request) and served only from below the
+    configured output location, so a manifest cannot be used to read anything else.
+    """
+    if store is None:
+        return PlainTextResponse(not_configured_message(), status_code=503)
+    manifest = store.find(run_key) if kind in OUTPUT_KINDS else None
+    if manifest is None:
+        return PlainTextResponse("No such run or output", status_code=404)
+    try:
+        # Only the shard holding this entry is read, not the whole run.
+        uri = output_of(store.document(manifest, index), kind)
+    except ManifestReadError as exc:
+        return PlainTextResponse(f"Unreadable manifest: {exc}", status_code=422)
+    if uri is None:
+        return PlainTextResponse("This document has no such output", status_code=404)
+    try:
+        AccessPolicy(inputs=None, outputs=(store.output_uri,)).check_output(uri)
+    except LocationNotAllowedError:
+        return PlainTextResponse("This output is not under the output location", status_code=403)
+    try:
+        body = store.storage.read_bytes(uri)
+    except (StorageError, UnreadableSourceError) as exc:
+        return PlainTextResponse(f"The output could not be read: {exc}", status_code=404)
+    name = uri.rsplit("/", 1)[-1]
+    return Response(
+        body,
+        media_type="text/plain; charset=utf-8",
+        # Shown as text in the browser, never interpreted as a page of this site.
+        headers={
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "default-src 'none'; sandbox",
+            "Content-Disposition": f"inline; filename*=UTF-8''{quote(name, safe='')}",
+        },
+    )
