@@ -175,37 +175,31 @@ def test_certificate_rejection_is_found_anywhere_in_the_cause_chain_and_loops_en
 # -- waiting for one server -----------------------------------------------------------------------
 
 
-def test_wait_ready_polls_a_starting_server_until_it_lists_the_model() -> None:
-    handler, seen = answering(httpx.Response(503), httpx.Response(503), httpx.Response(200, json=MODELS))
+def wait(*answers: httpx.Response, timeout_s: float = 30.0) -> tuple[ProbeResult, int]:
+    """``wait_ready``'s verdict against a server giving ``answers`` in turn, and how often it was asked."""
+    handler, seen = answering(*answers)
 
     async def scenario() -> ProbeResult:
         async with http_for(handler) as http:
-            return await wait_ready(probe(), http, timeout_s=30.0, interval_s=0.01, request_timeout=5.0)
+            return await wait_ready(probe(), http, timeout_s=timeout_s, interval_s=0.01, request_timeout=5.0)
 
-    assert run(scenario).state == "ready"
-    assert len(seen) == 3
+    return run(scenario), len(seen)
+
+
+def test_wait_ready_polls_a_starting_server_until_it_lists_the_model() -> None:
+    result, asked = wait(httpx.Response(503), httpx.Response(503), httpx.Response(200, json=MODELS))
+    assert result.state == "ready" and asked == 3
 
 
 def test_wait_ready_does_not_wait_out_a_configuration_error() -> None:
-    handler, seen = answering(httpx.Response(401))
-
-    async def scenario() -> ProbeResult:
-        async with http_for(handler) as http:
-            return await wait_ready(probe(), http, timeout_s=30.0, interval_s=0.01, request_timeout=5.0)
-
-    assert run(scenario).reason == "auth"
-    assert len(seen) == 1
+    result, asked = wait(httpx.Response(401))
+    assert result.reason == "auth" and asked == 1
 
 
 def test_wait_ready_gives_the_last_starting_verdict_at_its_timeout() -> None:
-    handler, seen = answering(httpx.Response(502), httpx.Response(503))
-
-    async def scenario() -> ProbeResult:
-        async with http_for(handler) as http:
-            return await wait_ready(probe(), http, timeout_s=0.1, interval_s=0.01, request_timeout=5.0)
-
-    assert run(scenario) == ProbeResult("starting", "HTTP 503", status=503)
-    assert len(seen) >= 2
+    result, asked = wait(httpx.Response(502), httpx.Response(503), timeout_s=0.1)
+    assert result == ProbeResult("starting", "HTTP 503", status=503)
+    assert asked >= 2
 
 
 # -- the check over every replica before a run ----------------------------------------------------
