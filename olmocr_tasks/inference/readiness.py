@@ -223,7 +223,7 @@ async def _wait_one(probe: ModelsProbe, http: httpx.AsyncClient, timeouts: Timeo
 
 
 def _probe_timeout(timeouts: TimeoutSettings) -> httpx.Timeout:
-    # A readiness answer never waits behind a page, so a long read timeout is no reason to wait long.
+    # A live server answers /models at once, so a read timeout sized for pages is no reason to wait long.
     return httpx.Timeout(
         connect=timeouts.connect_timeout_s,
         read=min(timeouts.read_timeout_s, 30.0),
