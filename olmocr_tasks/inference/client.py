@@ -18,7 +18,8 @@ What it adds over a bare HTTP client, each in answer to a failure seen with olmO
 * an in-flight window sized from vLLM's ``/metrics`` (``backpressure``), so several runs sharing a
   server keep its queue short instead of overflowing it (olmOCR issue #317);
 * the GPU-busy seconds this client's requests cost, from the same ``/metrics`` polls (``gpu_busy``);
-* a readiness check of every replica (``readiness``);
+* a readiness check of every replica before a run (``readiness`` judges it, unready replicas start
+  in cool-off);
 * the run's priority class as vLLM's ``priority`` field when the deployment schedules by priority
   (``priority``).
 
@@ -53,7 +54,6 @@ from olmocr_tasks.core.errors import (
     AttemptFailed,
     ConfigurationError,
     ServerMisconfigured,
-    ServerNotReady,
     ServerUnavailable,
 )
 from olmocr_tasks.core.redaction import redact_text, redact_url
@@ -64,7 +64,7 @@ from olmocr_tasks.inference.hedging import HedgePolicy
 from olmocr_tasks.inference.outage import OutageBreaker
 from olmocr_tasks.inference.outage_watch import OutageWatch
 from olmocr_tasks.inference.priority import check_scheduling_policy, with_priority
-from olmocr_tasks.inference.readiness import ModelsProbe, wait_ready
+from olmocr_tasks.inference.readiness import ModelsProbe, check_ready
 from olmocr_tasks.inference.replicas import COOLOFF_INITIAL_S, Replica, ReplicaSet, ReplicaStats
 from olmocr_tasks.inference.request_retries import CallState, Retryable, backoff_delay, retry_after_seconds
 from olmocr_tasks.page.protocol import usage_tokens
@@ -281,60 +281,16 @@ class InferenceClient:
     async def check_ready(self) -> list[str]:
         """Wait until every replica lists the configured model; return the models listed.
 
-        Wrong credentials and a missing model are configuration errors and fail at once. A replica
-        still unreachable at ``readiness_timeout_s`` fails the check only if no replica is ready;
-        otherwise it starts in cool-off and is retried later like any failing replica.
+        The verdict is ``readiness.check_ready``'s; a replica still unreachable when others are ready
+        starts in cool-off and is retried later like any failing replica.
         """
         replicas = list(self._replicas)
-        tasks = {asyncio.ensure_future(self._wait_ready(replica)): replica for replica in replicas}
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                # A configuration error on any replica fails the check now, not at the timeout.
-                if task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        outcomes = {replica: task.result() for task, replica in tasks.items()}
-        unreachable = {r: o for r, o in outcomes.items() if isinstance(o, str)}
-        models: list[str] = []
-        for replica in replicas:
-            listed = outcomes.get(replica)
-            if isinstance(listed, list):
-                models.extend(m for m in listed if m not in models)
-        if len(unreachable) == len(replicas):
-            raise ServerNotReady("; ".join(unreachable.values()))
+        readiness = await check_ready([r.probe for r in replicas], self._control_http, self._settings.timeouts)
         now = self._clock()
-        for replica, message in unreachable.items():
-            log.warning("replica not ready, continuing with the others: %s", message)
-            replica.cool_off(now, COOLOFF_INITIAL_S)
-        return models
-
-    async def _wait_ready(self, replica: Replica) -> list[str] | str:
-        timeout = self._settings.timeouts.readiness_timeout_s
-        result = await wait_ready(
-            replica.probe,
-            self._control_http,
-            timeout_s=timeout,
-            interval_s=min(1.0, max(0.05, timeout / 20)),
-            request_timeout=self._probe_timeout(),
-        )
-        if result.state == "misconfigured":
-            raise ServerMisconfigured(result.detail)
-        if result.state == "ready":
-            return list(result.models)
-        return f"{replica.display}: not ready after {timeout:g} s: {result.detail}"
-
-    def _probe_timeout(self) -> httpx.Timeout:
-        timeouts = self._settings.timeouts
-        return httpx.Timeout(
-            connect=timeouts.connect_timeout_s,
-            read=min(timeouts.read_timeout_s, 30.0),
-            write=timeouts.write_timeout_s,
-            pool=None,
-        )
+        for replica in replicas:
+            if replica.probe in readiness.not_ready:
+                replica.cool_off(now, COOLOFF_INITIAL_S)
+        return readiness.models
 
     # -- requests --------------------------------------------------------------------------------
 

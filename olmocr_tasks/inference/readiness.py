@@ -9,19 +9,27 @@ the server answered; it returns a ``ProbeResult`` that says one of:
 * ``misconfigured``: the server answered, but waiting will not help (key, URL, model, TLS trust).
 
 Each caller decides what to do with the verdict (fail at once, keep polling, declare an outage).
+``check_ready`` is the client's decision over all its replicas before a run: configuration errors fail
+at once, one ready replica is enough to start.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_delay, wait_fixed
 
+from olmocr_tasks.core.config import TimeoutSettings
+from olmocr_tasks.core.errors import ServerMisconfigured, ServerNotReady
 from olmocr_tasks.core.redaction import redact_text, redact_url
+
+log = logging.getLogger(__name__)
 
 ProbeState = Literal["ready", "starting", "misconfigured"]
 # Why a probe says "misconfigured": a launcher still starting its server treats some of these as
@@ -154,6 +162,74 @@ async def wait_ready(
         retry_error_callback=last_result,
     )
     return await retrying(probe.probe, http, request_timeout)
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """The replicas' verdict after the readiness wait: the models they list (first seen first) and
+    each replica still not ready, by its probe, with why."""
+
+    models: list[str]
+    not_ready: dict[ModelsProbe, str]
+
+
+async def check_ready(probes: Sequence[ModelsProbe], http: httpx.AsyncClient, timeouts: TimeoutSettings) -> Readiness:
+    """Wait until every replica lists the configured model, for at most ``readiness_timeout_s``.
+
+    Wrong credentials and a missing model are configuration errors and fail at once
+    (``ServerMisconfigured``). A replica still unreachable at the timeout fails the check
+    (``ServerNotReady``) only if no replica is ready; otherwise it is reported in ``not_ready`` and
+    the caller carries on with the others.
+    """
+    tasks = {asyncio.ensure_future(_wait_one(probe, http, timeouts)): probe for probe in probes}
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            # A configuration error on any replica fails the check now, not at the timeout.
+            if task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    outcomes = {probe: task.result() for task, probe in tasks.items()}
+    not_ready = {probe: outcome for probe, outcome in outcomes.items() if isinstance(outcome, str)}
+    models: list[str] = []
+    for probe in probes:
+        listed = outcomes.get(probe)
+        if isinstance(listed, list):
+            models.extend(m for m in listed if m not in models)
+    if len(not_ready) == len(probes):
+        raise ServerNotReady("; ".join(not_ready.values()))
+    for message in not_ready.values():
+        log.warning("replica not ready, continuing with the others: %s", message)
+    return Readiness(models, not_ready)
+
+
+async def _wait_one(probe: ModelsProbe, http: httpx.AsyncClient, timeouts: TimeoutSettings) -> list[str] | str:
+    timeout = timeouts.readiness_timeout_s
+    result = await wait_ready(
+        probe,
+        http,
+        timeout_s=timeout,
+        interval_s=min(1.0, max(0.05, timeout / 20)),
+        request_timeout=_probe_timeout(timeouts),
+    )
+    if result.state == "misconfigured":
+        raise ServerMisconfigured(result.detail)
+    if result.state == "ready":
+        return list(result.models)
+    return f"{probe.display}: not ready after {timeout:g} s: {result.detail}"
+
+
+def _probe_timeout(timeouts: TimeoutSettings) -> httpx.Timeout:
+    # A live server answers /models at once, so a read timeout sized for pages is no reason to wait long.
+    return httpx.Timeout(
+        connect=timeouts.connect_timeout_s,
+        read=min(timeouts.read_timeout_s, 30.0),
+        write=timeouts.write_timeout_s,
+        pool=None,
+    )
 
 
 def certificate_rejected(exc: BaseException) -> bool:

@@ -13,7 +13,7 @@ import pytest
 from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer
-from tests.reliability_checks import FAST_CLI, cli_command, cli_env, run_cli
+from tests.fixtures.cli_process import FAST_CLI, cli_command, cli_env, run_cli
 
 
 def test_converts_a_folder_exit_0_then_nothing_to_do(tmp_path: Path, standin: StandinServer) -> None:

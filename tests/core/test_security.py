@@ -39,14 +39,9 @@ from olmocr_tasks.storage.store import Storage
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.airflow_env import AirflowEnv, aws_connection, vllm_connection
 from olmocr_tasks.testing.standin.server import StandinServer
+from tests.fixtures.cli_process import run_cli, start_cli
+from tests.fixtures.reader_view import assert_manifest_matches_outputs, assert_reader_view_consistent, quick_settings
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION, FaultProxy
-from tests.reliability_checks import (
-    assert_manifest_matches_outputs,
-    assert_reader_view_consistent,
-    quick_settings,
-    run_cli,
-    start_cli,
-)
 from tests.task_context import RunTasks
 
 FAST = ["--read-timeout", "3", "--outage-window", "3", "--ready-timeout", "3", "--target-longest-image-dim", "512"]

@@ -490,7 +490,7 @@ def test_readiness_goes_on_with_the_replicas_that_are_up(
             await client.complete(page_body(1, 1))
             return models, client.stats()
 
-    with caplog.at_level(logging.WARNING, logger="olmocr_tasks.inference.client"):
+    with caplog.at_level(logging.WARNING, logger="olmocr_tasks.inference.readiness"):
         models, stats = run(scenario())
     assert models == [up.model]
     assert stats.replicas[1].cooling_off and stats.replicas[1].requests == 0

@@ -24,7 +24,7 @@ from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import ObjectInfo, Storage
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer
-from tests.reliability_checks import quick_settings
+from tests.fixtures.reader_view import quick_settings
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
 EXPIRY = 60.0

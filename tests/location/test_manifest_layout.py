@@ -41,7 +41,7 @@ from olmocr_tasks.storage.uri import join_uri
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer
 from tests.fixtures.manifests import manifest_header
-from tests.reliability_checks import quick_settings
+from tests.fixtures.reader_view import quick_settings
 
 # The bound on a summary, whatever the run's size.
 SUMMARY_LIMIT = 256 * 1024

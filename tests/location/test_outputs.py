@@ -32,8 +32,9 @@ from olmocr_tasks.storage.store import Storage
 from olmocr_tasks.testing.airflow_env import AirflowEnv
 from olmocr_tasks.testing.pdfgen import text_pdf
 from olmocr_tasks.testing.standin.server import StandinServer
+from tests.fixtures.cli_process import run_cli
 from tests.fixtures.pages import page_result
-from tests.reliability_checks import quick_settings, run_cli
+from tests.fixtures.reader_view import quick_settings
 
 
 def _result(pages: list[PageResult], source: str = "s3://bucket/in/doc.pdf") -> DocumentResult:

@@ -17,7 +17,8 @@ import pytest
 from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer
-from tests.reliability_checks import assert_reader_view_consistent, descendants, kill_and_reap, run_cli, start_cli
+from tests.fixtures.cli_process import descendants, kill_and_reap, run_cli, start_cli
+from tests.fixtures.reader_view import assert_reader_view_consistent
 
 PAGES = 400
 DOC_ID = 77

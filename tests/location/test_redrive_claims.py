@@ -30,7 +30,8 @@ from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer
-from tests.reliability_checks import assert_manifest_matches_outputs, descendants, kill_and_reap, start_cli
+from tests.fixtures.cli_process import descendants, kill_and_reap, start_cli
+from tests.fixtures.reader_view import assert_manifest_matches_outputs
 from tests.task_context import RunTasks
 
 FAST = ["--read-timeout", "5", "--outage-window", "5", "--ready-timeout", "5", "--target-longest-image-dim", "512"]

@@ -33,7 +33,7 @@ from olmocr_tasks.storage.uri import join_uri
 from olmocr_tasks.testing.pdfgen import text_pdf
 from olmocr_tasks.testing.standin.server import StandinServer
 from tests.fixtures.pages import page_result
-from tests.reliability_checks import quick_settings
+from tests.fixtures.reader_view import quick_settings
 
 RETENTION = timedelta(days=7)
 

@@ -37,7 +37,7 @@ from olmocr_tasks.page.protocol import (
 from olmocr_tasks.page.render_pool import RenderPool
 from olmocr_tasks.testing.page_marker import read_marker
 from olmocr_tasks.testing.standin.server import StandinServer
-from tests.reliability_checks import run_cli
+from tests.fixtures.cli_process import run_cli
 
 GOLDEN_DIR = Path(__file__).parents[1] / "fixtures" / "golden"
 GOLDEN_FILE = GOLDEN_DIR / "olmocr-0.4.27.json"

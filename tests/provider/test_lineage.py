@@ -25,7 +25,7 @@ from olmocr_tasks.storage.uri import local_path
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.airflow_env import AirflowEnv
 from olmocr_tasks.testing.standin.server import StandinServer
-from tests.reliability_checks import run_cli
+from tests.fixtures.cli_process import run_cli
 
 HOST = socket.gethostname()
 FAST = ["--read-timeout", "5", "--outage-window", "3", "--ready-timeout", "3"]

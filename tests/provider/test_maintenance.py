@@ -23,7 +23,7 @@ from olmocr_tasks.storage.store import Storage
 from olmocr_tasks.testing.airflow_env import AirflowEnv
 from olmocr_tasks.testing.pdfgen import text_pdf
 from olmocr_tasks.testing.standin.server import StandinServer
-from tests.reliability_checks import quick_settings
+from tests.fixtures.reader_view import quick_settings
 
 DAG = "olmocr_maintenance"
 

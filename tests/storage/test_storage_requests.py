@@ -21,9 +21,10 @@ from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import REQUEST_KINDS, RetryPolicy, Storage
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer
+from tests.fixtures.cli_process import FAST_CLI, run_cli
 from tests.fixtures.manifests import validated_manifest
+from tests.fixtures.reader_view import quick_settings
 from tests.fixtures.s3 import FaultProxy
-from tests.reliability_checks import FAST_CLI, quick_settings, run_cli
 
 # botocore's own re-sends are off, so one counted attempt is one HTTP request the proxy sees.
 EXACT = RetryPolicy(max_attempts=4, max_elapsed_s=30, initial_backoff_s=0.01, max_backoff_s=0.05, botocore_attempts=1)

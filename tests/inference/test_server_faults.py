@@ -25,7 +25,7 @@ from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer
-from tests.reliability_checks import assert_manifest_matches_outputs, assert_reader_view_consistent, quick_settings
+from tests.fixtures.reader_view import assert_manifest_matches_outputs, assert_reader_view_consistent, quick_settings
 
 # Answers that the page logic rejects, each costing one of the page's attempts (olmOCR semantics).
 ATTEMPT_FAULTS = {"garbage", "length", "invalid_rotation", "bad_json", "overlong"}

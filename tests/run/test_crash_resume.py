@@ -2,7 +2,7 @@
 
 Each test runs ``python -m olmocr_tasks.cli convert`` as a real process against the in-process vLLM
 stand-in, kills it with SIGKILL (no cleanup handler runs), and then checks what a reader of the output
-prefix sees (``tests.reliability_checks``): no temp or partial file, every Dolma file one valid line
+prefix sees (``tests.fixtures.reader_view``): no temp or partial file, every Dolma file one valid line
 naming the right document and pages, every "done" marker backed by its outputs. A rerun must then
 finish the work with a manifest that agrees with the files on disk.
 """
@@ -24,15 +24,8 @@ from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.storage.store import TEMP_SUFFIX
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer
-from tests.reliability_checks import (
-    assert_manifest_matches_outputs,
-    assert_reader_view_consistent,
-    cli_env,
-    descendants,
-    kill_and_reap,
-    run_cli,
-    start_cli,
-)
+from tests.fixtures.cli_process import cli_env, descendants, kill_and_reap, run_cli, start_cli
+from tests.fixtures.reader_view import assert_manifest_matches_outputs, assert_reader_view_consistent
 
 # A short claim expiry: the run after a kill (another run id) takes the killed run's claims over
 # once they expire (``wait_for_claims_to_expire``), instead of skipping those documents as claimed.

@@ -19,7 +19,8 @@ from pypdf import PdfReader, PdfWriter
 from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer
-from tests.reliability_checks import RssSampler, assert_reader_view_consistent, start_cli
+from tests.fixtures.cli_process import RssSampler, start_cli
+from tests.fixtures.reader_view import assert_reader_view_consistent
 
 FAST = ["--read-timeout", "10", "--outage-window", "10", "--ready-timeout", "5"]
 MAX_BYTES = 150_000
