@@ -291,7 +291,8 @@ def test_what_claims_cost_per_document_in_a_counted_run_on_s3(
         pdfgen.write_pdf(inbox / f"d{number}.pdf", pdfgen.text_pdf(1, doc_id=180 + number))
     storage = Storage(s3_fault_proxy.storage_options)
     output = f"s3://{s3_bucket}/counted"
-    request = RunRequest(str(inbox), output, "counted", settings=quick_settings(standin.url))
+    # Claims that outlast the run: a loaded machine must not add renewals (a PUT each) to the count.
+    request = RunRequest(str(inbox), output, "counted", settings=quick_settings(standin.url), claim_expiry_s=3600.0)
     # One more document is held by another run that is converting it: this run leaves it for later.
     taken = inbox / "taken.pdf"
     pdfgen.write_pdf(taken, pdfgen.text_pdf(1, doc_id=180 + docs))

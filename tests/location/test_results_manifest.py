@@ -195,13 +195,18 @@ def test_a_page_rescued_by_its_hedge_is_counted_in_the_published_manifest(
     published = validated_manifest(uri)
     entries = {Path(doc["source"]).name: doc for doc in published["documents"]}
     assert entries["long.pdf"]["status"] == "converted" and entries["long.pdf"]["fallback_pages"] == 0
-    assert entries["long.pdf"]["hedged"] == 1 and entries["short.pdf"]["hedged"] == 0
+    # Every request beyond one per page was a hedge (nothing else failed): the manifest counts exactly
+    # those the server received. On a loaded machine other pages may pass the 0.2 s floor too.
+    requests = server.requests()
+    sent = {doc_id: sum(1 for r in requests if (r["marker"] or {}).get("doc_id") == doc_id) for doc_id in (1, 2)}
+    assert entries["long.pdf"]["hedged"] == sent[1] - 25 >= 1
+    assert entries["short.pdf"]["hedged"] == sent[2] - 1
     # A hedge is not a page attempt: every page was accepted on its first attempt.
     assert entries["long.pdf"]["attempts"] == 25
-    assert published["counts"]["hedged"] == 1
+    assert published["counts"]["hedged"] == sent[1] - 25 + sent[2] - 1
     last_page = {"doc_id": 1, "page_number": 25}
-    outcomes = [r["outcome"] for r in server.requests() if (r["marker"] or {}).items() >= last_page.items()]
-    assert outcomes == ["hang", "ok"]
+    outcomes = [r["outcome"] for r in requests if (r["marker"] or {}).items() >= last_page.items()]
+    assert outcomes[0] == "hang" and "ok" in outcomes, outcomes
     summary = json.loads(Path(uri).read_text())
     assert Manifest.from_dict(summary).counts() == published["counts"]
     assert Manifest.from_dict(summary).to_dict() == summary
