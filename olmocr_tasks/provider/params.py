@@ -1,7 +1,10 @@
 """The trigger forms (Params) of the conversion DAGs, with their defaults from the environment.
 
-Defaults are read when the DAG file is parsed: ``OLMOCR_INPUT_URI`` and ``OLMOCR_OUTPUT_URI``; the
-error budgets' defaults are the engine's (``ConversionSettings``, ``RunSettings``).
+Defaults are read when the DAG file is parsed: ``OLMOCR_INPUT_URI``, ``OLMOCR_OUTPUT_URI`` and
+``OLMOCR_LOOKBACK_INTERVALS``; the error budgets' defaults are the engine's (``ConversionSettings``,
+``RunSettings``). The scope and lookback defaults are owned here (``DEFAULT_SCOPE``,
+``DEFAULT_LOOKBACK_INTERVALS``): they are about Airflow's data intervals, which the engine and the CLI
+never see (they get a LastModified window), and ``provider.run_requests`` falls back to them.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from olmocr_tasks.run.settings import RunSettings
 
 # Which PDFs discovery considers (the ``scope`` Param).
 SCOPES = ("auto", "interval", "all")
+DEFAULT_SCOPE = "auto"
+# How many intervals before its own a scheduled run's window opens (``run_requests.resolve_window``).
+DEFAULT_LOOKBACK_INTERVALS = 1.0
 
 
 def _env(name: str) -> str | None:
@@ -47,7 +53,7 @@ def ingest_params() -> dict[str, Param]:
             section="What to convert",
         ),
         "scope": Param(
-            "auto",
+            DEFAULT_SCOPE,
             type="string",
             enum=list(SCOPES),
             values_display={
@@ -74,8 +80,9 @@ def ingest_params() -> dict[str, Param]:
             description=(
                 "Scheduled runs also list PDFs modified this many intervals before their own, so late and "
                 "multipart uploads (S3 dates them when the upload started) are not missed; already converted "
-                "ones cost nothing (default: OLMOCR_LOOKBACK_INTERVALS or 1). Backfill runs do not look back: "
-                "they list past intervals after the fact, and adjacent ones run at once."
+                f"ones cost nothing (default: OLMOCR_LOOKBACK_INTERVALS or {DEFAULT_LOOKBACK_INTERVALS:g}). "
+                "Backfill runs do not look back: they list past intervals after the fact, and adjacent ones run "
+                "at once."
             ),
             section="What to convert",
         ),
@@ -185,4 +192,4 @@ def _shared_params() -> dict[str, Param]:
 
 
 def _lookback_default() -> float:
-    return float(os.environ.get("OLMOCR_LOOKBACK_INTERVALS") or 1)
+    return float(os.environ.get("OLMOCR_LOOKBACK_INTERVALS") or DEFAULT_LOOKBACK_INTERVALS)
