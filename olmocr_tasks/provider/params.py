@@ -14,6 +14,7 @@ import os
 from airflow.sdk import Param
 
 from olmocr_tasks.core.config import ConversionSettings
+from olmocr_tasks.inference.priority import AUTO, CLASSES
 from olmocr_tasks.run.settings import RunSettings
 
 # Which PDFs discovery considers (the ``scope`` Param).
@@ -159,15 +160,13 @@ def _shared_params() -> dict[str, Param]:
             section="Server",
         ),
         "priority_class": Param(
-            "auto",
+            AUTO,
             type="string",
-            enum=["auto", "high", "normal", "low"],
+            enum=[AUTO, *CLASSES],
             values_display={
-                "auto": "auto: high for listed documents and S3 events, normal for scheduled runs, low for "
+                AUTO: "auto: high for listed documents and S3 events, normal for scheduled runs, low for "
                 "backfills and runs over everything",
-                "high": "high",
-                "normal": "normal",
-                "low": "low",
+                **{name: name for name in CLASSES},
             },
             title="Priority class",
             description=(
