@@ -27,9 +27,9 @@ from datetime import UTC, datetime
 
 from airflow.sdk import CronDataIntervalTimetable, dag
 
+from olmocr_tasks.provider.flow import conversion_flow
 from olmocr_tasks.provider.notifications import notify_run_failure
 from olmocr_tasks.provider.params import ingest_params
-from olmocr_tasks.provider.tasks import conversion_flow
 
 
 @dag(

@@ -24,10 +24,10 @@ import os
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import Asset, AssetWatcher, dag
 
+from olmocr_tasks.provider.flow import conversion_flow
 from olmocr_tasks.provider.hooks import AWS_CONN_ID
 from olmocr_tasks.provider.notifications import notify_run_failure
 from olmocr_tasks.provider.params import event_params
-from olmocr_tasks.provider.tasks import conversion_flow
 
 QUEUE_PLACEHOLDER = "https://sqs.us-east-1.amazonaws.com/000000000000/set-OLMOCR_SQS_QUEUE_URL"
 ASSET_NAME = "olmocr_s3_object_created"

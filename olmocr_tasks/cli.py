@@ -37,6 +37,7 @@ from olmocr_tasks.core.config import (
 )
 from olmocr_tasks.core.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
 from olmocr_tasks.core.redaction import environment_secrets, install_log_redaction, redact_text
+from olmocr_tasks.inference.priority import SCHEDULING_POLICIES
 from olmocr_tasks.location.manifest import SKIP_CLAIMED, SKIP_RETRY_LATER
 from olmocr_tasks.run.settings import RunSettings
 from olmocr_tasks.servers.cpu_engine import (
@@ -538,26 +539,52 @@ def _add_serve_vllm_parser(subparsers: argparse._SubParsersAction) -> None:
             "connection, restart it if it dies. Arguments after '--' go to vllm serve unchanged."
         ),
     )
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model id or path (default {DEFAULT_MODEL})")
+    # The launcher's own defaults (VllmOptions), not restated here.
+    defaults = VllmOptions()
+    parser.add_argument("--model", default=defaults.model, help=f"model id or path (default {defaults.model})")
     parser.add_argument("--served-model-name", help="name clients use (default: --model)")
-    parser.add_argument("--host", default="127.0.0.1", help="address vLLM binds (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    parser.add_argument("--max-model-len", type=int, default=16384, help="context length (default 16384)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="fraction of GPU memory (0.9)")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1)
-    parser.add_argument("--data-parallel-size", type=int, default=1)
+    parser.add_argument("--host", default=defaults.host, help=f"address vLLM binds (default {defaults.host})")
+    parser.add_argument("--port", type=int, default=defaults.port, help=f"port (default {defaults.port})")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=defaults.max_model_len,
+        help=f"context length (default {defaults.max_model_len})",
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=defaults.gpu_memory_utilization,
+        help=f"fraction of GPU memory ({defaults.gpu_memory_utilization:g})",
+    )
+    parser.add_argument("--tensor-parallel-size", type=int, default=defaults.tensor_parallel_size)
+    parser.add_argument("--data-parallel-size", type=int, default=defaults.data_parallel_size)
     parser.add_argument(
         "--scheduling-policy",
-        choices=("fcfs", "priority"),
-        default="fcfs",
+        choices=SCHEDULING_POLICIES,
+        default=defaults.scheduling_policy,
         help="vLLM's scheduling policy; 'priority' serves high-priority runs first and the printed "
-        "connection says so (default fcfs)",
+        f"connection says so (default {defaults.scheduling_policy})",
     )
     parser.add_argument("--api-key-env", metavar="VAR", help="require the Bearer key held in $VAR (passed to vLLM)")
-    parser.add_argument("--vllm-binary", default="vllm", help="vllm command (default: vllm on PATH)")
-    parser.add_argument("--conn-id", default="olmocr_vllm", help="Airflow connection id to print (olmocr_vllm)")
-    parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for the model (1800)")
-    parser.add_argument("--max-restarts", type=int, default=5, help="restarts after crashes before giving up (5)")
+    parser.add_argument(
+        "--vllm-binary", default=defaults.vllm_binary, help=f"vllm command (default: {defaults.vllm_binary} on PATH)"
+    )
+    parser.add_argument(
+        "--conn-id", default=defaults.conn_id, help=f"Airflow connection id to print ({defaults.conn_id})"
+    )
+    parser.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=defaults.ready_timeout_s,
+        help=f"seconds to wait for the model ({defaults.ready_timeout_s:g})",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=defaults.max_restarts,
+        help=f"restarts after crashes before giving up ({defaults.max_restarts})",
+    )
     parser.add_argument("vllm_args", nargs="*", metavar="-- VLLM_ARGS", help="extra arguments for vllm serve")
     parser.set_defaults(func=_serve_vllm)
 

@@ -34,6 +34,8 @@ from olmocr_tasks.core.errors import ConfigurationError
 
 HIGH, NORMAL, LOW = "high", "normal", "low"
 CLASSES = (HIGH, NORMAL, LOW)
+# The ``priority_class`` a run gets unless it names one: decided by ``run_class`` from how it was started.
+AUTO = "auto"
 # vLLM's value per class: lower is scheduled first; 0 is what a request without the field gets, so
 # other clients of a shared deployment rank with scheduled runs.
 VLLM_PRIORITY = {HIGH: -10, NORMAL: 0, LOW: 10}
@@ -49,8 +51,8 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 def run_class(run_type: str, params: Mapping[str, Any], *, names_documents: bool = False) -> str:
     """The class of a run of ``run_type`` (Airflow's: scheduled, backfill, manual, asset_triggered)
     with these Params (``priority_class``, ``documents``, ``scope``)."""
-    chosen = params.get("priority_class") or "auto"
-    if chosen != "auto":
+    chosen = params.get("priority_class") or AUTO
+    if chosen != AUTO:
         return check_class(chosen)
     if names_documents or run_type == "asset_triggered" or params.get("documents"):
         return HIGH
@@ -64,7 +66,7 @@ def run_class(run_type: str, params: Mapping[str, Any], *, names_documents: bool
 
 def check_class(value: Any) -> str:
     if value not in CLASSES:
-        raise ConfigurationError(f"priority class must be one of {', '.join(CLASSES)} or auto, not {value!r}")
+        raise ConfigurationError(f"priority class must be one of {', '.join(CLASSES)} or {AUTO}, not {value!r}")
     return str(value)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from olmocr_tasks import __version__
 from olmocr_tasks.core.config import ConnectionSettings, HedgeSettings, RetrySettings, TimeoutSettings
+from olmocr_tasks.inference.priority import SCHEDULING_POLICIES
 
 CONNECTION_TYPE = "olmocr_vllm"
 DEFAULT_CONN_ID = "olmocr_vllm"
@@ -105,7 +106,7 @@ def get_provider_info() -> dict[str, Any]:
                             "fcfs (vLLM's default) or priority: set priority when vLLM runs with "
                             "--scheduling-policy priority, and page requests then carry their run's class."
                         ),
-                        "schema": {"type": ["string", "null"], "enum": ["fcfs", "priority", None]},
+                        "schema": {"type": ["string", "null"], "enum": [*SCHEDULING_POLICIES, None]},
                     },
                     "hedge_idle_multiple": {
                         "label": "Hedge multiple of p95, idle server",

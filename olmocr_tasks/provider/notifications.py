@@ -111,7 +111,7 @@ def report_from_context(context: Mapping[str, Any]) -> FailureReport:
 def _summary_from_manifest(context: Mapping[str, Any]) -> dict[str, Any] | None:
     from olmocr_tasks.location.manifest_reader import read_manifest
     from olmocr_tasks.provider.hooks import storage_for
-    from olmocr_tasks.provider.tasks import airflow_run_id
+    from olmocr_tasks.provider.run_requests import airflow_run_id
 
     output_uri = (context.get("params") or {}).get("output_uri")
     if not output_uri or context.get("dag_run") is None:

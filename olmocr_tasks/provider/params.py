@@ -1,7 +1,10 @@
 """The trigger forms (Params) of the conversion DAGs, with their defaults from the environment.
 
-Defaults are read when the DAG file is parsed: ``OLMOCR_INPUT_URI`` and ``OLMOCR_OUTPUT_URI``; the
-error budgets' defaults are the engine's (``ConversionSettings``, ``RunSettings``).
+Defaults are read when the DAG file is parsed: ``OLMOCR_INPUT_URI``, ``OLMOCR_OUTPUT_URI`` and
+``OLMOCR_LOOKBACK_INTERVALS``; the error budgets' defaults are the engine's (``ConversionSettings``,
+``RunSettings``). The scope and lookback defaults are owned here (``DEFAULT_SCOPE``,
+``DEFAULT_LOOKBACK_INTERVALS``): they are about Airflow's data intervals, which the engine and the CLI
+never see (they get a LastModified window), and ``provider.run_requests`` falls back to them.
 """
 
 from __future__ import annotations
@@ -11,10 +14,14 @@ import os
 from airflow.sdk import Param
 
 from olmocr_tasks.core.config import ConversionSettings
+from olmocr_tasks.inference.priority import AUTO, CLASSES
 from olmocr_tasks.run.settings import RunSettings
 
 # Which PDFs discovery considers (the ``scope`` Param).
 SCOPES = ("auto", "interval", "all")
+DEFAULT_SCOPE = "auto"
+# How many intervals before its own a scheduled run's window opens (``run_requests.resolve_window``).
+DEFAULT_LOOKBACK_INTERVALS = 1.0
 
 
 def _env(name: str) -> str | None:
@@ -47,7 +54,7 @@ def ingest_params() -> dict[str, Param]:
             section="What to convert",
         ),
         "scope": Param(
-            "auto",
+            DEFAULT_SCOPE,
             type="string",
             enum=list(SCOPES),
             values_display={
@@ -74,8 +81,9 @@ def ingest_params() -> dict[str, Param]:
             description=(
                 "Scheduled runs also list PDFs modified this many intervals before their own, so late and "
                 "multipart uploads (S3 dates them when the upload started) are not missed; already converted "
-                "ones cost nothing (default: OLMOCR_LOOKBACK_INTERVALS or 1). Backfill runs do not look back: "
-                "they list past intervals after the fact, and adjacent ones run at once."
+                f"ones cost nothing (default: OLMOCR_LOOKBACK_INTERVALS or {DEFAULT_LOOKBACK_INTERVALS:g}). "
+                "Backfill runs do not look back: they list past intervals after the fact, and adjacent ones run "
+                "at once."
             ),
             section="What to convert",
         ),
@@ -152,15 +160,13 @@ def _shared_params() -> dict[str, Param]:
             section="Server",
         ),
         "priority_class": Param(
-            "auto",
+            AUTO,
             type="string",
-            enum=["auto", "high", "normal", "low"],
+            enum=[AUTO, *CLASSES],
             values_display={
-                "auto": "auto: high for listed documents and S3 events, normal for scheduled runs, low for "
+                AUTO: "auto: high for listed documents and S3 events, normal for scheduled runs, low for "
                 "backfills and runs over everything",
-                "high": "high",
-                "normal": "normal",
-                "low": "low",
+                **{name: name for name in CLASSES},
             },
             title="Priority class",
             description=(
@@ -185,4 +191,4 @@ def _shared_params() -> dict[str, Param]:
 
 
 def _lookback_default() -> float:
-    return float(os.environ.get("OLMOCR_LOOKBACK_INTERVALS") or 1)
+    return float(os.environ.get("OLMOCR_LOOKBACK_INTERVALS") or DEFAULT_LOOKBACK_INTERVALS)

@@ -35,7 +35,7 @@ from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.inference.priority import AIRFLOW_WEIGHT, HIGH, run_class
 
 CONVERT_TASK_ID = "convert"
-# The DAGs built by provider.tasks.conversion_flow in this repository's dags/.
+# The DAGs built by provider.flow.conversion_flow in this repository's dags/.
 DEFAULT_POLICY_DAGS = ("olmocr_ingest", "olmocr_s3_events")
 
 
@@ -75,8 +75,11 @@ def policy_dags() -> frozenset[str]:
 
 
 def _pool() -> str:
-    # As provider.tasks reads it (not imported here: the scheduler need not load the task code).
-    return os.environ.get("OLMOCR_POOL", "olmocr_vllm")
+    # The convert tasks' own setting, imported when first needed: every Airflow component loads this
+    # policy, and only the scheduler's hook calls need the engine modules behind the setting.
+    from olmocr_tasks.provider.environment import convert_pool
+
+    return convert_pool()
 
 
 def _high_priority_pool() -> str | None:

@@ -161,7 +161,7 @@ def test_a_low_priority_run_is_planned_short_and_renders_niced(monkeypatch: pyte
     """What a run's class changes in the task code: the plan's waves and the render workers' niceness,
     each with its setting (0 switches the niceness off; a nonsense value is a configuration error)."""
     from olmocr_tasks.inference.priority import RENDER_NICE
-    from olmocr_tasks.provider.tasks import batching_rule, render_nice
+    from olmocr_tasks.provider.run_requests import batching_rule, render_nice
     from olmocr_tasks.run.batching import LOW_CLASS_MIN_WAVES
     from olmocr_tasks.run.request import RunRequest
 

@@ -1,4 +1,4 @@
-"""The provider package as Airflow sees it, and the task glue the DAGs share (``provider.tasks``).
+"""The provider package as Airflow sees it, and the task glue the DAGs share (``provider.flow`` and below).
 
 The task bodies run in this process with a hand-built context (``tests.task_context``) that states the
 run type, data interval and triggering asset events: what the tasks make of them. That the scheduler,
@@ -32,7 +32,7 @@ from olmocr_tasks.core.errors import (
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.manifest import DocumentEntry, Manifest
 from olmocr_tasks.location.manifest_reader import load_whole
-from olmocr_tasks.provider import hooks, tasks
+from olmocr_tasks.provider import flow, hooks, run_requests, tasks
 from olmocr_tasks.provider import params as dag_params
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
 from olmocr_tasks.provider.triggers import VllmReadyTrigger
@@ -102,24 +102,24 @@ print(json.dumps({
     ],
 )
 def test_resolve_window(scope: str, run_type: str, interval: tuple[Any, Any], expected: tuple[Any, Any]) -> None:
-    assert tasks.resolve_window(scope, run_type, *interval) == expected
+    assert run_requests.resolve_window(scope, run_type, *interval) == expected
 
 
 def test_the_lookback_is_counted_in_intervals() -> None:
-    assert tasks.resolve_window("auto", "scheduled", H, H1, 0) == (H, H1)
-    assert tasks.resolve_window("auto", "scheduled", H, H1, 2.5) == (H0 - (H1 - H) * 1.5, H1)
-    assert tasks.resolve_window("auto", "backfill", H, H1, 2.5) == (H, H1)
+    assert run_requests.resolve_window("auto", "scheduled", H, H1, 0) == (H, H1)
+    assert run_requests.resolve_window("auto", "scheduled", H, H1, 2.5) == (H0 - (H1 - H) * 1.5, H1)
+    assert run_requests.resolve_window("auto", "backfill", H, H1, 2.5) == (H, H1)
 
 
 @pytest.mark.parametrize("interval", [(None, None), (H, H)])
 def test_interval_scope_without_an_interval_is_a_clear_error(interval: tuple[Any, Any]) -> None:
     with pytest.raises(ConfigurationError, match="needs a data interval"):
-        tasks.resolve_window("interval", "asset_triggered", *interval)
+        run_requests.resolve_window("interval", "asset_triggered", *interval)
 
 
 def test_unknown_scope_is_rejected() -> None:
     with pytest.raises(ConfigurationError, match="scope must be one of"):
-        tasks.resolve_window("yesterday", "manual", None, None)
+        run_requests.resolve_window("yesterday", "manual", None, None)
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ def test_build_request_for_a_scheduled_run_uses_its_interval() -> None:
         run_type="scheduled",
         interval=(H, H1),
     )
-    request = tasks.build_request(ctx, planning=True)
+    request = run_requests.build_request(ctx, planning=True)
     assert (request.modified_after, request.modified_until) == (H0, H1)
     assert request.documents is None
     assert request.run_id == "olmocr_ingest__scheduled__2026-03-01T10:00:00+00:00"
@@ -149,9 +149,9 @@ def test_build_request_for_a_scheduled_run_uses_its_interval() -> None:
 @pytest.mark.usefixtures("vllm_conn")
 def test_build_request_for_an_asset_or_rest_run_without_logical_date() -> None:
     ctx = context({"input_uri": "/data/in", "output_uri": "/data/out"}, run_type="asset_triggered")
-    request = tasks.build_request(ctx, planning=True)
+    request = run_requests.build_request(ctx, planning=True)
     assert (request.modified_after, request.modified_until) == (None, None)
-    explicit = tasks.build_request(ctx, documents=["s3://b/in/a b.pdf"], planning=True)
+    explicit = run_requests.build_request(ctx, documents=["s3://b/in/a b.pdf"], planning=True)
     assert explicit.documents == ("s3://b/in/a b.pdf",)
 
 
@@ -160,7 +160,7 @@ def test_build_request_with_a_documents_param_needs_no_input_and_ignores_the_sco
     ctx = context(
         {"input_uri": None, "output_uri": "/o", "documents": ["/d/x.pdf"], "scope": "interval", "reprocess": True}
     )
-    request = tasks.build_request(ctx, planning=True)
+    request = run_requests.build_request(ctx, planning=True)
     assert request.documents == ("/d/x.pdf",)
     assert request.reprocess is True
     assert request.modified_after is None
@@ -177,13 +177,13 @@ def test_build_request_with_a_documents_param_needs_no_input_and_ignores_the_sco
 )
 def test_build_request_explains_what_is_missing(params: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
-        tasks.build_request(context(params), planning=True)
+        run_requests.build_request(context(params), planning=True)
 
 
 @pytest.mark.usefixtures("vllm_conn")
 def test_tasks_after_plan_need_neither_input_nor_interval() -> None:
     # The event DAG may run without OLMOCR_INPUT_URI; convert and publish work from the plan.
-    request = tasks.build_request(context({"input_uri": None, "output_uri": "/o", "scope": "interval"}))
+    request = run_requests.build_request(context({"input_uri": None, "output_uri": "/o", "scope": "interval"}))
     assert request.output_uri == "/o"
     assert request.input_uri == ""
 
@@ -281,14 +281,14 @@ def test_local_uris_never_ask_aws_for_credentials(monkeypatch: pytest.MonkeyPatc
     ],
 )
 def test_tasks_retry_only_infrastructure_failures(exception: Exception, action: RetryAction) -> None:
-    policies = [task.kwargs["retry_policy"] for task in (tasks.plan, tasks.convert, tasks.publish_manifest_task)]
+    policies = [task.kwargs["retry_policy"] for task in (flow.plan, flow.convert, flow.publish_manifest_task)]
     policies.append(CheckVllmServerOperator(task_id="check_server").retry_policy)
     for policy in policies:
         assert policy.evaluate(exception, try_number=1, max_tries=4).action is action
 
 
 def test_convert_runs_in_the_pool_with_backoff_and_readable_names() -> None:
-    kwargs = tasks.convert.kwargs
+    kwargs = flow.convert.kwargs
     assert kwargs["pool"] == "olmocr_vllm"
     assert kwargs["retries"] >= 2
     assert kwargs["retry_exponential_backoff"] > 1
@@ -423,7 +423,7 @@ def test_plan_packs_documents_within_max_map_length(tmp_path: Path, monkeypatch:
     # What an earlier planning of the same run left must not reach this plan's manifest.
     (run_dir / "p1-00000000" / "attempts" / "b00007" / "try-0001").mkdir(parents=True)
     (run_dir / "p1-00000000" / "attempts" / "b00007" / "try-0001" / "part.json").write_text("[]")
-    monkeypatch.setattr(tasks, "max_map_length", lambda: 2)
+    monkeypatch.setattr(run_requests, "max_map_length", lambda: 2)
     ti = _TaskInstance(try_number=2)
 
     descriptors = tasks.plan_body(context({"input_uri": str(tmp_path / "in"), "output_uri": str(output)}, ti=ti))
@@ -541,7 +541,7 @@ def test_backfill_runs_plan_only_their_own_interval_and_scheduled_runs_look_back
         run = RunTasks(params, run_type=run_type, interval=interval)
         run.plan()
         plan_id = run.xcom["plan", tasks.PLAN_ID_XCOM]
-        request = tasks.build_request(run.ctx("publish_manifest"))
+        request = run_requests.build_request(run.ctx("publish_manifest"))
         plan = request.run_folder(Storage(), plan_id).read_plan()
         return sorted(Path(source.uri).name for source in plan.sources)
 
@@ -597,7 +597,7 @@ def test_convert_sets_its_own_execution_timeout_before_it_runs() -> None:
     task = SimpleNamespace(op_kwargs={"batch": batch}, execution_timeout=None)
     tasks.limit_convert_time(context({"input_uri": "/i", "output_uri": "/o"}, task=task))
     assert task.execution_timeout is not None and task.execution_timeout > timedelta(hours=2)
-    assert tasks.convert.kwargs["pre_execute"] is tasks.limit_convert_time
+    assert flow.convert.kwargs["pre_execute"] is tasks.limit_convert_time
 
 
 def test_plan_body_redrives_failures_of_an_earlier_interval(tmp_path: Path, standin_conn: StandinServer) -> None:
