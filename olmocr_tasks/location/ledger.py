@@ -149,6 +149,10 @@ class LedgerSnapshot:
         """Failed in at least ``max_attempts`` runs and never converted: not to be tried again."""
         return self.failures(info) >= max_attempts
 
+    def failed_source_ids(self) -> set[str]:
+        """The source ids (``source_id``) with a version whose last outcome was a failure."""
+        return {key.split("/", 1)[0] for key, value in self._versions.items() if value > 0}
+
     @property
     def done_count(self) -> int:
         return sum(1 for value in self._versions.values() if value == _DONE)

@@ -2,7 +2,8 @@
 
 Layout (keys named by ``olmocr_tasks.location.layout``; only this module reads and writes them)::
 
-    _runs/<run>/<plan>/plan.json                         the plan: sources, unavailable, dead letters
+    _runs/<run>/<plan>/plan.json                         the plan: sources (or its batches' keys),
+                                                         unavailable, dead letters
     _runs/<run>/<plan>/batches/<batch>.json              the sources of one batch
     _runs/<run>/<plan>/attempts/<batch>/<try>/started    this attempt of the batch began
     _runs/<run>/<plan>/attempts/<batch>/<try>/entries/<hash>.json   one finished document
@@ -55,7 +56,12 @@ def new_plan_id(label: str = "p") -> str:
 
 @dataclass
 class RunPlan:
-    """What one run set out to do, fixed before any conversion starts."""
+    """What one run set out to do, fixed before any conversion starts.
+
+    A plan holds its sources in ``sources``, or, *streamed* into the run folder batch by batch (the
+    CLI: ``olmocr_tasks.run.planning.stream_plan``), keeps only their batches' keys in ``batch_keys``
+    and reads each batch back when it is needed, so no process holds every source of a big run.
+    """
 
     sources: list[SourceDocument]
     # Documents that cannot even be attempted (an explicit URI that does not exist).
@@ -67,6 +73,14 @@ class RunPlan:
     # How many sources are planned because their last outcome was a failure (``SourceDocument.redriven``).
     redriven: int = 0
     started_at: str = field(default_factory=utc_now)
+    # How many sources the plan holds, in ``sources`` or in its batches.
+    planned: int = 0
+    # The batches a streamed plan wrote its sources to, in order (empty: the sources are in ``sources``).
+    batch_keys: list[str] = field(default_factory=list)
+
+    @property
+    def streamed(self) -> bool:
+        return bool(self.batch_keys)
 
     def to_dict(self) -> dict[str, Any]:
         return self._dict_with([source.to_dict() for source in self.sources])
@@ -76,6 +90,8 @@ class RunPlan:
             "started_at": self.started_at,
             "already_converted": self.already_converted,
             "redriven": self.redriven,
+            "planned": self.planned,
+            "batch_keys": self.batch_keys,
             "sources": sources,
             "unavailable": [entry.to_dict() for entry in self.unavailable],
             "dead_letters": [entry.to_dict() for entry in self.dead_letters],
@@ -92,14 +108,18 @@ class RunPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunPlan:
+        sources = [SourceDocument.from_dict(item) for item in data["sources"]]
         return cls(
-            sources=[SourceDocument.from_dict(item) for item in data["sources"]],
+            sources=sources,
             unavailable=[DocumentEntry.from_dict(item) for item in data.get("unavailable", [])],
             dead_letters=[DocumentEntry.from_dict(item) for item in data.get("dead_letters", [])],
             left_for_later=[DocumentEntry.from_dict(item) for item in data.get("left_for_later", [])],
             already_converted=data.get("already_converted", 0),
             redriven=data.get("redriven", 0),
             started_at=data["started_at"],
+            # Plans written before streaming counted their sources by holding them.
+            planned=data.get("planned", len(sources)),
+            batch_keys=list(data.get("batch_keys", [])),
         )
 
 
@@ -212,6 +232,14 @@ class RunFolder:
                 entries[entry.source] = entry
             reports.append(report.gpu_busy)
         return RunResults(entries, total_gpu_busy(reports))
+
+    def latest_report(self, batch_key: str) -> AttemptReport | None:
+        """What the latest started attempt of one batch reported (None: no attempt started).
+
+        Lists that batch's objects only, so a run published batch by batch holds one batch's listing.
+        """
+        tries = self._attempts(_checked_key(batch_key)).get(batch_key)
+        return self._read_attempt(tries[max(tries)]) if tries else None
 
     def iter_reports(self) -> Iterator[AttemptReport]:
         """What the latest started attempt of each batch reported, one batch at a time (in key order).

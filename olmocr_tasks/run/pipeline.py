@@ -17,7 +17,7 @@ import copy
 import logging
 import math
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TextIO
@@ -31,9 +31,9 @@ from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.ledger import Ledger
 from olmocr_tasks.location.manifest import DocumentEntry, count_entries, manifest_uri
 from olmocr_tasks.location.manifest_reader import ManifestReader
-from olmocr_tasks.location.runs import RunFolder
+from olmocr_tasks.location.runs import RunFolder, RunPlan
 from olmocr_tasks.run.conversion import ConversionEngine
-from olmocr_tasks.run.planning import log_plan, start_plan
+from olmocr_tasks.run.planning import log_plan, stream_plan
 from olmocr_tasks.run.progress import ProgressCounters, ProgressReporter
 from olmocr_tasks.run.publishing import not_converted, publish_run
 from olmocr_tasks.run.request import RunRequest
@@ -238,7 +238,8 @@ def run_conversion(
     whose manifest is not published yet (the process stopped: exit 3, a kill) resumes: its plan is read
     back and the next attempt carries forward what earlier attempts finished, so the manifest reports
     the whole run, not only what the last attempt did. The documents are converted ``batch_documents``
-    at a time, each slice a batch of the run folder, so memory stays one slice's.
+    at a time, each slice a batch of the run folder written as planning finds its documents
+    (``stream_plan``), so memory stays one slice's whatever the run's size.
 
     A server that refuses the run part-way (a key revoked or rotated, the model gone) is not waited
     for: what the run reached is published, its other documents as ``not_converted``, and the refusal
@@ -250,20 +251,19 @@ def run_conversion(
     folder = request.run_folder(storage)
     plan = None if storage.exists(manifest_uri(request.output_uri, request.run_id)) else folder.read_plan_or_none()
     if plan is None:
-        plan = start_plan(request, storage, folder)
+        plan = stream_plan(request, storage, folder, batch_documents, cli_batch_key)
     else:
         log.info("run %s: resuming its unpublished plan", request.run_id)
-    slices = range(0, len(plan.sources), batch_documents)
-    log_plan(request, plan, len(slices))
-    # Slice by slice, so the process holds one slice's entries; the counters span the whole run.
-    counters = ProgressCounters(documents_total=len(plan.sources))
+    log_plan(request, plan, len(plan.batch_keys) or math.ceil(len(plan.sources) / batch_documents))
+    # Slice by slice, so the process holds one slice's sources and entries; the counters span the run.
+    counters = ProgressCounters(documents_total=plan.planned)
     try:
-        for index, start in enumerate(slices):
+        for index, (key, sources) in enumerate(_cli_slices(plan, folder, batch_documents)):
             convert_batch(
                 request,
                 storage,
-                cli_batch_key(index),
-                plan.sources[start : start + batch_documents],
+                key,
+                sources,
                 folder=folder,
                 progress_stream=progress_stream,
                 progress_counters=counters,
@@ -275,6 +275,17 @@ def run_conversion(
         raise
     published = publish_run(request, storage, folder, plan)
     return published.reader(storage), published.uri
+
+
+def _cli_slices(plan: RunPlan, folder: RunFolder, batch_documents: int) -> Iterator[tuple[str, list[SourceDocument]]]:
+    """The CLI's slices, in order: a streamed plan's batches read back one at a time, or the slices of
+    a plan held whole (one written before plans were streamed), under the same keys."""
+    if plan.streamed:
+        for key in plan.batch_keys:
+            yield key, folder.read_batch(key)
+        return
+    for index, start in enumerate(range(0, len(plan.sources), batch_documents)):
+        yield cli_batch_key(index), plan.sources[start : start + batch_documents]
 
 
 def check_server(settings: ConversionSettings) -> list[str]:

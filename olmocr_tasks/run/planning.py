@@ -4,19 +4,20 @@
 letters, re-driving earlier failures that are due). ``start_plan`` writes that plan into the run
 folder, the record publishing works from; ``plan_batches`` also packs the plan into batches (one
 object each in the run folder) and returns one small descriptor per batch, what Airflow maps
-``convert`` over. The CLI cuts its plan into slices itself (``olmocr_tasks.run.pipeline.run_conversion``).
+``convert`` over. The CLI plans with ``stream_plan``: the same discovery (``iter_plan``), written
+to the run folder a slice (batch) at a time as it goes, so no process holds every source of the run.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
 from olmocr_tasks.location.documents import SourceDocument
-from olmocr_tasks.location.ledger import Ledger, LedgerSnapshot, fingerprint
+from olmocr_tasks.location.ledger import Ledger, LedgerSnapshot, fingerprint, source_id
 from olmocr_tasks.location.manifest import SKIP_RETRY_LATER, DocumentEntry
 from olmocr_tasks.location.outputs import output_stem
 from olmocr_tasks.location.runs import RunFolder, RunPlan
@@ -33,7 +34,18 @@ _LABEL_CHARS = 80
 
 
 def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
-    """Discover what this run must convert. Cheap: one listing of the input and one of the state.
+    """Discover what this run must convert, held whole (``iter_plan`` into ``RunPlan.sources``)."""
+    plan = RunPlan(sources=[])
+    plan.sources.extend(iter_plan(request, storage, plan))
+    return plan
+
+
+def iter_plan(request: RunRequest, storage: Storage, plan: RunPlan) -> Iterator[SourceDocument]:
+    """Discover what this run must convert, yielding each source as discovery reaches it.
+
+    Cheap: one listing of the input and one of the state. What is not converted (dead letters, what is
+    left for later, unavailable documents) and the counts go into ``plan`` as they are found; the
+    sources are the caller's to keep or to stream on (``plan.planned`` counts them).
 
     A run that names its documents (``documents``: REST, S3 events) plans exactly those. Any other
     run plans what discovery lists; a version whose last outcome was a failure (``not_converted``
@@ -44,7 +56,6 @@ def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
     LastModified: a scheduled run's window alone would never see them again. ``retry_dead_letters``
     takes dead letters back for one more try.
     """
-    plan = RunPlan(sources=[])
     ledger = Ledger(request.output_uri, storage, request.conversion_key)
     # Reprocessing converts everything discovered: the state listing would be read for nothing.
     snapshot = None if request.reprocess else ledger.snapshot()
@@ -66,44 +77,51 @@ def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
             modified_after=request.modified_after,
             modified_until=request.modified_until,
         )
+    redrive = snapshot is not None and request.redrive and request.documents is None and bool(request.input_uri)
+    # The re-drive pass skips the failed sources discovery listed. Only those are remembered, not every
+    # listed URI: what is held grows with the failures in the snapshot, not with the run.
+    failed_ids = snapshot.failed_source_ids() if redrive and snapshot is not None else set()
     seen: set[str] = set()
     max_failed_attempts = request.run_settings.max_failed_attempts
 
-    def consider(info: ObjectInfo, discovered: bool = True) -> None:
-        seen.add(info.uri)
+    def consider(info: ObjectInfo, discovered: bool = True) -> SourceDocument | None:
+        if failed_ids and discovered and source_id(info.uri) in failed_ids:
+            seen.add(info.uri)
         redriven = False
         if snapshot is not None:
             status = snapshot.status(info)
             if status == "done":
                 plan.already_converted += 1
-                return
+                return None
             if not request.retry_dead_letters and snapshot.is_dead_letter(info, max_failed_attempts):
                 plan.dead_letters.append(dead_letter_entry(ledger, snapshot, info))
-                return
+                return None
             # A named document is converted because someone named it, failed before or not.
             if status != "new" and request.documents is None:
                 retry_from = _retry_from(request, ledger, snapshot, info)
                 if retry_from is not None and request.run_time < retry_from:
                     if discovered:
                         plan.left_for_later.append(retry_later_entry(ledger, snapshot, info, retry_from))
-                    return
+                    return None
                 redriven = True
-        plan.sources.append(SourceDocument(info=info, stem=output_stem(info.uri, request.input_uri), redriven=redriven))
+        plan.planned += 1
         plan.redriven += redriven
+        return SourceDocument(info=info, stem=output_stem(info.uri, request.input_uri), redriven=redriven)
 
     def full() -> bool:
-        return request.max_documents is not None and len(plan.sources) >= request.max_documents
+        return request.max_documents is not None and plan.planned >= request.max_documents
 
     for info in candidates:
         if full():
-            break
-        consider(info)
-    if snapshot is not None and request.redrive and request.documents is None and request.input_uri:
+            return
+        if (source := consider(info)) is not None:
+            yield source
+    if redrive and snapshot is not None:
         for info in _redrive_candidates(request, ledger, snapshot, storage, seen):
             if full():
-                break
-            consider(info, discovered=False)
-    return plan
+                return
+            if (source := consider(info, discovered=False)) is not None:
+                yield source
 
 
 def _retry_from(request: RunRequest, ledger: Ledger, snapshot: LedgerSnapshot, info: ObjectInfo) -> datetime | None:
@@ -137,7 +155,8 @@ def _redrive_candidates(
 ) -> Iterator[ObjectInfo]:
     """Failed versions under the input that discovery did not list, if the object is still that version.
 
-    Dead letters are left alone (not even listed) unless the run takes them back.
+    ``seen``: the failed sources discovery listed (at least those). Dead letters are left alone (not
+    even listed) unless the run takes them back.
     """
     input_uri, retry_dead_letters = request.input_uri, request.retry_dead_letters
     max_failed_attempts = request.run_settings.max_failed_attempts
@@ -200,6 +219,39 @@ def start_plan(request: RunRequest, storage: Storage, folder: RunFolder) -> RunP
     return plan
 
 
+def stream_plan(
+    request: RunRequest,
+    storage: Storage,
+    folder: RunFolder,
+    batch_documents: int,
+    batch_key: Callable[[int], str],
+) -> RunPlan:
+    """Plan the run afresh into ``folder``, ``batch_documents`` sources to a batch, as discovery finds them.
+
+    The process holds one batch of sources at a time: each full batch is written to the run folder
+    (key ``batch_key(index)``) and dropped. The plan itself (counts, what is not converted, the batch
+    keys) is written last: a plan without it never finished and is planned again from scratch.
+    """
+    folder.clear_earlier_attempt()
+    plan = RunPlan(sources=[])
+    batch: list[SourceDocument] = []
+
+    def write() -> None:
+        key = batch_key(len(plan.batch_keys))
+        folder.write_batch(key, batch)
+        plan.batch_keys.append(key)
+        batch.clear()
+
+    for source in iter_plan(request, storage, plan):
+        batch.append(source)
+        if len(batch) >= batch_documents:
+            write()
+    if batch:
+        write()
+    folder.write_plan(plan)
+    return plan
+
+
 def plan_batches(request: RunRequest, storage: Storage, folder: RunFolder, rule: BatchingRule) -> list[dict[str, Any]]:
     """Plan the run into ``folder`` packed into batches; returns one small descriptor per batch.
 
@@ -232,8 +284,8 @@ def plan_batches(request: RunRequest, storage: Storage, folder: RunFolder, rule:
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(write, zip(descriptors, batches, strict=True)))
     log_plan(request, plan, sum(1 for batch in batches if batch))
-    if len(batches) < len(plan.sources):
-        log.info("packed %d documents into %d batches (%s)", len(plan.sources), len(batches), rule)
+    if len(batches) < plan.planned:
+        log.info("packed %d documents into %d batches (%s)", plan.planned, len(batches), rule)
     return descriptors
 
 
@@ -251,7 +303,7 @@ def log_plan(request: RunRequest, plan: RunPlan, batches: int) -> None:
         "%d unavailable",
         request.run_id,
         window,
-        len(plan.sources),
+        plan.planned,
         plan.redriven,
         batches,
         plan.already_converted,

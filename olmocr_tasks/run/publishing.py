@@ -10,7 +10,7 @@ this run, ``not_converted``, recorded in the ledger so later runs re-drive it; t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from olmocr_tasks.location.manifest import (
     write_manifest,
 )
 from olmocr_tasks.location.manifest_reader import ManifestReader
-from olmocr_tasks.location.runs import RunFolder, RunPlan
+from olmocr_tasks.location.runs import AttemptReport, RunFolder, RunPlan
 from olmocr_tasks.page.protocol import PROMPT_VERSION
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import REQUEST_KINDS, Storage
@@ -139,8 +139,9 @@ def publish_run(
 ) -> PublishedRun:
     """Stream a run's results into its manifest: entries to shards batch by batch, the summary last.
 
-    Holds one batch's report at a time (``RunFolder.iter_reports``) and the set of planned sources;
-    counts and metrics are folded as the entries stream (``ManifestWriter``). A planned document no
+    Holds one batch's report at a time and, for a streamed plan (the CLI's), one batch's sources (else
+    the set of planned sources); counts and metrics are folded as the entries stream
+    (``ManifestWriter``). A planned document no
     batch reported is recorded as failed ``not_converted``, in the manifest and as a failure of this
     run in the ledger, so later runs re-drive it. The error budget is judged into the summary.
     ``airflow_run``: the DAG run the manifest belongs to (None for the CLI).
@@ -148,20 +149,23 @@ def publish_run(
     writer = ManifestWriter(storage, request.output_uri, request.run_id, shard_entries=shard_entries)
     for entry in plan.unavailable:
         writer.add(entry)
-    # Planned sources not reported yet, in plan order; what is left at the end was never reported.
-    pending = {source.uri: source for source in plan.sources}
     gpu_reports: list[GpuBusy | None] = []
     request_reports: list[dict[str, int] | None] = []
-    for report in folder.iter_reports():
-        for entry in report.entries:
-            source = pending.pop(entry.source, None)
-            if source is None:
-                continue  # not planned by this plan, or already reported by another batch
-            entry.redriven = source.redriven
-            writer.add(entry)
-        gpu_reports.append(report.gpu_busy)
-        request_reports.append(report.storage_requests)
-    lost = list(pending.values())
+    # Planned sources no batch reported, in plan order (held until the end: the manifest lists them last).
+    lost: list[SourceDocument] = []
+    for sources, reports in _planned_and_reported(plan, folder):
+        # Planned sources not reported yet, in plan order; what is left at the end was never reported.
+        pending = {source.uri: source for source in sources}
+        for report in reports:
+            for entry in report.entries:
+                source = pending.pop(entry.source, None)
+                if source is None:
+                    continue  # not planned by this plan, or already reported by another batch
+                entry.redriven = source.redriven
+                writer.add(entry)
+            gpu_reports.append(report.gpu_busy)
+            request_reports.append(report.storage_requests)
+        lost.extend(pending.values())
     for source in lost:
         entry = _lost(source)
         entry.redriven = source.redriven
@@ -179,6 +183,19 @@ def publish_run(
     manifest.airflow_run = airflow_run
     uri = writer.commit(manifest)
     return PublishedRun(manifest, uri, len(lost))
+
+
+def _planned_and_reported(
+    plan: RunPlan, folder: RunFolder
+) -> Iterator[tuple[Sequence[SourceDocument], Iterable[AttemptReport]]]:
+    """The plan's sources with the reports that can name them: a streamed plan batch by batch (a batch
+    reports only its own sources), one read each; a plan held whole with every batch's report."""
+    if not plan.streamed:
+        yield plan.sources, folder.iter_reports()
+        return
+    for key in plan.batch_keys:
+        report = folder.latest_report(key)
+        yield folder.read_batch(key), [] if report is None else [report]
 
 
 def total_storage_requests(reports: Iterable[dict[str, int] | None]) -> dict[str, Any] | None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
 from olmocr_tasks.core.config import ConversionSettings, ServerSettings
+from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.manifest import DocumentEntry
 from olmocr_tasks.run.pipeline import cli_batch_key, convert_batch, run_conversion
-from olmocr_tasks.run.planning import plan_run
+from olmocr_tasks.run.planning import plan_run, stream_plan
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
 from olmocr_tasks.testing import pdfgen
@@ -76,3 +78,69 @@ def test_a_plan_written_source_by_source_reads_back_whole(tmp_path: Path, standi
 
     assert folder.read_plan().to_dict() == plan.to_dict()
     assert json.loads(plan.to_json()) == plan.to_dict()
+
+
+class _LiveSourcesStorage(Storage):
+    """Local storage that notes, at every write, how many planned documents the process holds."""
+
+    most_live_sources = 0
+
+    def write_bytes_atomic(self, uri: str, data: bytes, *, content_type: str | None = None) -> None:
+        live = sum(1 for item in gc.get_objects() if isinstance(item, SourceDocument))
+        _LiveSourcesStorage.most_live_sources = max(_LiveSourcesStorage.most_live_sources, live)
+        super().write_bytes_atomic(uri, data, content_type=content_type)
+
+
+def test_the_run_never_holds_its_whole_plan(tmp_path: Path, standin: StandinServer) -> None:
+    """Planned 2 at a time, 9 documents: no write of the run (batches, entries, parts, manifest) happens
+    while more than two slices' documents are alive, and the plan object keeps no sources."""
+    inbox, output = tmp_path / "inbox", tmp_path / "out"
+    _write_inbox(inbox, 9)
+    gc.collect()
+    _LiveSourcesStorage.most_live_sources = 0
+
+    reader, _ = run_conversion(_request(inbox, output, standin), _LiveSourcesStorage(), batch_documents=2)
+
+    assert reader.counts()["converted"] == 9
+    assert 0 < _LiveSourcesStorage.most_live_sources <= 4
+    plan = json.loads((output / "_runs" / "sliced" / "plan" / "plan.json").read_text())
+    assert plan["sources"] == [] and plan["planned"] == 9
+    assert plan["batch_keys"] == [cli_batch_key(index) for index in range(5)]
+
+
+def test_a_resumed_streamed_plan_converts_only_its_unfinished_batches(tmp_path: Path, standin: StandinServer) -> None:
+    """A CLI stopped after its first slice of a streamed plan: the rerun converts the rest, whatever
+    was added to the input since (the plan is fixed), and the manifest reports the whole run."""
+    inbox, output = tmp_path / "inbox", tmp_path / "out"
+    _write_inbox(inbox, 5)
+    storage = Storage()
+    request = _request(inbox, output, standin)
+    folder = request.run_folder(storage)
+    plan = stream_plan(request, storage, folder, 2, cli_batch_key)
+    convert_batch(request, storage, plan.batch_keys[0], folder.read_batch(plan.batch_keys[0]), folder=folder)
+    pdfgen.write_pdf(inbox / "later.pdf", pdfgen.text_pdf(1, doc_id=99))
+    sent_before = standin.stats()["completed"]
+
+    reader, _ = run_conversion(request, storage, batch_documents=2)
+
+    assert standin.stats()["completed"] - sent_before == 3, "only the three unfinished documents are sent"
+    documents = reader.whole()["documents"]
+    assert sorted(Path(doc["source"]).name for doc in documents) == [f"doc{i:02d}.pdf" for i in range(5)]
+    assert reader.counts()["converted"] == 5
+
+
+def test_a_plan_stopped_while_streaming_is_planned_again(tmp_path: Path, standin: StandinServer) -> None:
+    """Batches written but no plan (the process died while planning): the rerun plans from scratch."""
+    inbox, output = tmp_path / "inbox", tmp_path / "out"
+    _write_inbox(inbox, 3)
+    storage = Storage()
+    request = _request(inbox, output, standin)
+    folder = request.run_folder(storage)
+    stream_plan(request, storage, folder, 2, cli_batch_key)
+    (output / "_runs" / "sliced" / "plan" / "plan.json").unlink()
+    folder.write_batch(cli_batch_key(7), [])  # a stray batch of the unfinished planning
+
+    reader, _ = run_conversion(request, storage, batch_documents=2)
+
+    assert reader.counts()["converted"] == 3
+    assert _part_sizes(output) == {cli_batch_key(0): 2, cli_batch_key(1): 1}
