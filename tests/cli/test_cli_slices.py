@@ -86,7 +86,9 @@ class _LiveSourcesStorage(Storage):
     most_live_sources = 0
 
     def write_bytes_atomic(self, uri: str, data: bytes, *, content_type: str | None = None) -> None:
-        live = sum(1 for item in gc.get_objects() if isinstance(item, SourceDocument))
+        # type(), not isinstance(): isinstance reads __class__, which some lazy proxies in the heap (Airflow's
+        # optional-import shims) answer by importing a module that may not be installed
+        live = sum(1 for item in gc.get_objects() if type(item) is SourceDocument)
         _LiveSourcesStorage.most_live_sources = max(_LiveSourcesStorage.most_live_sources, live)
         super().write_bytes_atomic(uri, data, content_type=content_type)
 
