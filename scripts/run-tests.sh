@@ -8,6 +8,8 @@
 # process (paths, -k, -p no:randomly ...); a process they select nothing in counts as passed.
 set -u
 python=.venv/bin/python
+# Each process prints its slowest tests, so a run (CI's included) shows where the suite's time goes.
+durations=(--durations=25 --durations-min=5)
 out=test-output/tiers
 mkdir -p "$out"
 export OLMOCR_TIER_RECORD="$PWD/$out/record.jsonl"
@@ -18,7 +20,7 @@ pids=()
 for tier in "${tiers[@]}"; do
   # A background command of a script ignores Ctrl-C unless told otherwise; the tier must get it to
   # stop its deployment (pytest's teardown), as the foreground run does.
-  ( trap - INT; exec "$python" -m pytest --tier "$tier" "$@" ) >"$out/$tier.log" 2>&1 &
+  ( trap - INT; exec "$python" -m pytest --tier "$tier" "${durations[@]}" "$@" ) >"$out/$tier.log" 2>&1 &
   pids+=($!)
   echo "make test: the $tier tier runs in pytest process $! beside the rest (output: $out/$tier.log)"
 done
@@ -27,7 +29,7 @@ done
 passed() { [ "$1" -eq 0 ] || [ "$1" -eq 5 ]; }
 
 later=(${LATER_TIERS:-})
-"$python" -m pytest -n "${TEST_WORKERS:-1}" --exclude-tiers "${tiers[*]} ${later[*]}" "$@"
+"$python" -m pytest -n "${TEST_WORKERS:-1}" --exclude-tiers "${tiers[*]} ${later[*]}" "${durations[@]}" "$@"
 status=$?
 ran_any=$([ $status -ne 5 ] && echo 1 || echo 0)
 passed $status && status=0
@@ -36,7 +38,7 @@ passed $status && status=0
 # pytest process each, in the foreground.
 for tier in "${later[@]}"; do
   echo "make test: the $tier tier runs now in a pytest process of its own"
-  "$python" -m pytest --tier "$tier" "$@"
+  "$python" -m pytest --tier "$tier" "${durations[@]}" "$@"
   tier_status=$?
   [ $tier_status -ne 5 ] && ran_any=1
   passed $tier_status || status=$tier_status
