@@ -11,7 +11,7 @@ The PDFs are written by hand (a few hundred bytes each, ~20 µs a document) rath
 reportlab: 100,000 documents would otherwise take minutes to generate. Each page holds 30 lines of
 text in Helvetica, so rendering it costs what a short text page costs.
 
-    python -m bench.scale [--documents 1000 10000 100000] [--work DIR]
+    python -m bench.scale [--documents 1000 10000 100000] [--lines 30] [--work DIR]
 
 Results: one JSON line per N in ``bench/results/scale.jsonl``.
 """
@@ -34,13 +34,15 @@ from olmocr_tasks.testing.pdfgen import assemble_pdf
 
 RESULT_FILE = RESULTS_DIR / "scale.jsonl"
 NEW_DOCUMENTS = 20
-_LINES = 30
+# Lines of text per page: 30 is a short text page (~50 ms of rendering here); fewer make rendering
+# cheaper, so that the per-document costs this bench is about (state, outputs, manifest) weigh more.
+DEFAULT_LINES = 30
 
 
-def one_page_pdf(doc_id: int) -> bytes:
+def one_page_pdf(doc_id: int, lines_per_page: int = DEFAULT_LINES) -> bytes:
     """A valid one-page PDF whose text names ``doc_id`` on every line (so its bytes are its own)."""
     lines = [b"BT /F1 11 Tf 54 740 Td 14 TL"]
-    for line in range(_LINES):
+    for line in range(lines_per_page):
         lines.append(
             b"(Document %d, line %d: the quick brown fox jumps over the lazy dog %d.) '"
             % (doc_id, line, doc_id * 31 + line)
@@ -58,12 +60,12 @@ def one_page_pdf(doc_id: int) -> bytes:
     return assemble_pdf(objects)
 
 
-def write_corpus(folder: Path, start: int, count: int) -> None:
+def write_corpus(folder: Path, start: int, count: int, lines_per_page: int = DEFAULT_LINES) -> None:
     """Documents ``start .. start+count-1``, 1,000 to a sub-folder (as an archive would nest them)."""
     for doc_id in range(start, start + count):
         sub = folder / f"part{doc_id // 1000:04d}"
         sub.mkdir(parents=True, exist_ok=True)
-        (sub / f"doc{doc_id:07d}.pdf").write_bytes(one_page_pdf(doc_id))
+        (sub / f"doc{doc_id:07d}.pdf").write_bytes(one_page_pdf(doc_id, lines_per_page))
 
 
 def _convert(input_dir: Path, output: Path, run_id: str, server: str, log: Path) -> Any:
@@ -91,14 +93,16 @@ def _manifest_figures(output: Path, run_id: str) -> dict[str, Any]:
         "shards": len(shards),
         "counts": summary["counts"],
         "in_run_pages_per_s": summary["metrics"].get("pages_per_second"),
+        # What the run's batches asked of storage (the manifest's own count, by kind and per document).
+        "storage_requests": summary["metrics"].get("storage_requests"),
     }
 
 
-def measure(documents: int, work: Path, server: str) -> dict[str, Any]:
+def measure(documents: int, work: Path, server: str, lines_per_page: int = DEFAULT_LINES) -> dict[str, Any]:
     root = fresh_dir(work / f"scale-{documents}")
     input_dir, output = root / "input", root / "output"
     started = time.perf_counter()
-    write_corpus(input_dir, 0, documents)
+    write_corpus(input_dir, 0, documents, lines_per_page)
     generated_s = time.perf_counter() - started
     run_id = f"scale-{documents}"
     first = _convert(input_dir, output, run_id, server, root / "first.log")
@@ -107,7 +111,7 @@ def measure(documents: int, work: Path, server: str) -> dict[str, Any]:
     runs = Path(OutputLocation(str(output)).runs_uri)
     run_folder_objects = len(_files(runs)) if runs.is_dir() else 0
     # The top-up: 20 new documents in the same input, converted over the whole history.
-    write_corpus(input_dir, documents, NEW_DOCUMENTS)
+    write_corpus(input_dir, documents, NEW_DOCUMENTS, lines_per_page)
     top_up_id = f"scale-{documents}-topup"
     second = _convert(input_dir, output, top_up_id, server, root / "second.log")
     top_up = _manifest_figures(output, top_up_id)
@@ -130,8 +134,8 @@ def measure(documents: int, work: Path, server: str) -> dict[str, Any]:
         "objects_after_run": objects,
         "objects_per_document": round(objects / documents, 3),
         "run_folder_objects": run_folder_objects,
-        # The local storage layer counts no requests; on S3 each object is at least one PUT.
-        "storage_requests_per_document": None,
+        "storage_requests": figures.get("storage_requests"),
+        "top_up_storage_requests": top_up.get("storage_requests"),
         "counts": counts,
         "in_run_pages_per_s": figures.get("in_run_pages_per_s"),
         "top_up_documents": NEW_DOCUMENTS,
@@ -147,12 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--documents", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--work", type=Path, default=RESULTS_DIR / "scale-work")
     parser.add_argument("--keep", action="store_true", help="keep each N's input and output folders")
+    parser.add_argument("--lines", type=int, default=DEFAULT_LINES, help="lines of text on each page")
     args = parser.parse_args(argv)
     machine = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()}
-    settings = {"regime": CPU_BOUND.name, **CPU_BOUND.settings(), "pages_per_document": 1}
+    settings = {"regime": CPU_BOUND.name, **CPU_BOUND.settings(), "pages_per_document": 1, "lines_per_page": args.lines}
     with standin(CPU_BOUND) as server:
         for documents in args.documents:
-            row = measure(documents, args.work, server.url) | {"settings": settings, "host": machine}
+            row = measure(documents, args.work, server.url, args.lines) | {"settings": settings, "host": machine}
             row["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             RESULT_FILE.parent.mkdir(parents=True, exist_ok=True)
             with RESULT_FILE.open("a") as sink:
