@@ -13,7 +13,13 @@ text in Helvetica, so rendering it costs what a short text page costs.
 
     python -m bench.scale [--documents 1000 10000 100000] [--lines 30] [--work DIR]
 
-Results: one JSON line per N in ``bench/results/scale.jsonl``.
+With ``--s3`` the same runs go to a moto S3 server over HTTP instead (input and output in one bucket;
+the PDFs are put through moto's in-process backend, the runs' own reads and writes go over HTTP), and
+each row adds what the manifest counted: storage requests per document for the run and for the top-up
+over that history. moto answers far slower than S3 (~1 s per 1,000-key listing page), so on S3 the
+request counts carry over and the wall times do not.
+
+Results: one JSON line per N in ``bench/results/scale.jsonl`` (``storage``: ``local`` or ``s3``).
 """
 
 from __future__ import annotations
@@ -68,12 +74,19 @@ def write_corpus(folder: Path, start: int, count: int, lines_per_page: int = DEF
         (sub / f"doc{doc_id:07d}.pdf").write_bytes(one_page_pdf(doc_id, lines_per_page))
 
 
-def _convert(input_dir: Path, output: Path, run_id: str, server: str, log: Path) -> Any:
+def _convert(
+    input_uri: str | Path,
+    output_uri: str | Path,
+    run_id: str,
+    server: str,
+    log: Path,
+    env: dict[str, str] | None = None,
+) -> Any:
     command = [
-        str(VENV_BIN / "olmocr-tasks"), "--log-level", "WARNING", "convert", str(input_dir), str(output),
+        str(VENV_BIN / "olmocr-tasks"), "--log-level", "WARNING", "convert", str(input_uri), str(output_uri),
         "--server", server, "--model", MODEL, "--run-id", run_id,
     ]  # fmt: skip
-    return run_measured(command, label=run_id, env=subprocess_env(), log_path=log, timeout_s=4 * 3600)
+    return run_measured(command, label=run_id, env=env or subprocess_env(), log_path=log, timeout_s=4 * 3600)
 
 
 def _files(root: Path) -> list[Path]:
@@ -146,27 +159,123 @@ def measure(documents: int, work: Path, server: str, lines_per_page: int = DEFAU
     }
 
 
+class MotoBucket:
+    """A moto S3 server in this process with one bucket; objects are put through its backend."""
+
+    REGION = "us-east-1"
+
+    def __init__(self) -> None:
+        import logging
+
+        import boto3
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.s3.models import s3_backends
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        self.name = "bench-scale"
+        self.env = subprocess_env(
+            AWS_ACCESS_KEY_ID="bench-access-key",
+            AWS_SECRET_ACCESS_KEY="bench-secret-key",
+            AWS_DEFAULT_REGION=self.REGION,
+            AWS_ENDPOINT_URL=self.endpoint,
+            AWS_EC2_METADATA_DISABLED="true",
+        )
+        boto3.client(
+            "s3", endpoint_url=self.endpoint, region_name=self.REGION,
+            aws_access_key_id="bench-access-key", aws_secret_access_key="bench-secret-key",
+        ).create_bucket(Bucket=self.name)  # fmt: skip
+        self.backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+
+    def put_corpus(self, prefix: str, start: int, count: int, lines_per_page: int) -> None:
+        for doc_id in range(start, start + count):
+            key = f"{prefix}part{doc_id // 1000:04d}/doc{doc_id:07d}.pdf"
+            self.backend.put_object(self.name, key, one_page_pdf(doc_id, lines_per_page))
+
+    def summary(self, key: str) -> dict[str, Any] | None:
+        stored = self.backend.get_object(self.name, key)  # None when the run published no manifest
+        return None if stored is None else json.loads(stored.value)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def _run_figures(summary: dict[str, Any] | None, expected: int, measured: Any) -> dict[str, Any]:
+    counts = (summary or {}).get("counts") or {}
+    return {
+        "ok": measured.returncode == 0 and counts.get("converted") == expected and not counts.get("failed"),
+        "wall_s": round(measured.wall_s, 2),
+        "peak_rss_mib": round(measured.peak_rss_bytes / 2**20, 1),
+        "counts": counts,
+        "storage_requests": ((summary or {}).get("metrics") or {}).get("storage_requests"),
+    }
+
+
+def measure_s3(documents: int, bucket: MotoBucket, work: Path, server: str, lines_per_page: int) -> dict[str, Any]:
+    """N documents converted into moto S3, then 20 new ones over that history: requests and times."""
+    root = fresh_dir(work / f"scale-s3-{documents}")
+    prefix = f"n{documents}/"
+    input_uri, output_uri = f"s3://{bucket.name}/{prefix}input/", f"s3://{bucket.name}/{prefix}output"
+    bucket.put_corpus(f"{prefix}input/", 0, documents, lines_per_page)
+    run_id = f"scale-s3-{documents}"
+    first = _convert(input_uri, output_uri, run_id, server, root / "first.log", bucket.env)
+    first_figures = _run_figures(bucket.summary(f"{prefix}output/manifests/{run_id}.json"), documents, first)
+    bucket.put_corpus(f"{prefix}input/", documents, NEW_DOCUMENTS, lines_per_page)
+    top_up_id = f"{run_id}-topup"
+    second = _convert(input_uri, output_uri, top_up_id, server, root / "second.log", bucket.env)
+    top_up = _run_figures(bucket.summary(f"{prefix}output/manifests/{top_up_id}.json"), NEW_DOCUMENTS, second)
+    return {
+        "documents": documents,
+        "storage": "s3",
+        "ok": first_figures["ok"],
+        "top_up_ok": top_up["ok"],
+        "wall_s": first_figures["wall_s"],
+        "pages_per_s": round(documents / first.wall_s, 2),
+        "peak_rss_mib": first_figures["peak_rss_mib"],
+        "counts": first_figures["counts"],
+        "storage_requests": first_figures["storage_requests"],
+        "top_up_documents": NEW_DOCUMENTS,
+        "top_up_wall_s": top_up["wall_s"],
+        "top_up_counts": top_up["counts"],
+        "top_up_storage_requests": top_up["storage_requests"],
+        "load_before": first.load_before,
+        "load_after": second.load_after,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--documents", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--work", type=Path, default=RESULTS_DIR / "scale-work")
     parser.add_argument("--keep", action="store_true", help="keep each N's input and output folders")
     parser.add_argument("--lines", type=int, default=DEFAULT_LINES, help="lines of text on each page")
+    parser.add_argument("--s3", action="store_true", help="input and output in a moto S3 server over HTTP")
     args = parser.parse_args(argv)
     machine = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()}
     settings = {"regime": CPU_BOUND.name, **CPU_BOUND.settings(), "pages_per_document": 1, "lines_per_page": args.lines}
+    bucket = MotoBucket() if args.s3 else None
     with standin(CPU_BOUND) as server:
         for documents in args.documents:
-            row = measure(documents, args.work, server.url, args.lines) | {"settings": settings, "host": machine}
+            if bucket is not None:
+                row = measure_s3(documents, bucket, args.work, server.url, args.lines)
+            else:
+                row = measure(documents, args.work, server.url, args.lines) | {"storage": "local"}
+            row |= {"settings": settings, "host": machine}
             row["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             RESULT_FILE.parent.mkdir(parents=True, exist_ok=True)
             with RESULT_FILE.open("a") as sink:
                 sink.write(json.dumps(row) + "\n")
-            print(json.dumps({key: row[key] for key in ("documents", "ok", "wall_s", "pages_per_s", "peak_rss_mib",
-                                                        "summary_bytes", "shard_bytes", "objects_per_document",
-                                                        "top_up_wall_s")}), flush=True)  # fmt: skip
+            shown = ("documents", "storage", "ok", "wall_s", "pages_per_s", "peak_rss_mib", "summary_bytes",
+                     "shard_bytes", "objects_per_document", "top_up_wall_s", "top_up_storage_requests")  # fmt: skip
+            print(json.dumps({key: row.get(key) for key in shown}), flush=True)
             if not args.keep:
                 fresh_dir(args.work / f"scale-{documents}")
+    if bucket is not None:
+        bucket.stop()
     return 0
 
 

@@ -6,8 +6,11 @@ just before ``tick`` (the second through its lookback). With the GPU as the bott
 still converting when the second plans and converts: the stand-in serves ``CAPACITY`` requests at a
 time and answers each page of this test's documents after ``SLOW_S`` seconds (its per-page "slow"
 fault; other documents are answered as usual), so their pages take rounds, as behind a saturated
-vLLM. The scheduler makes both runs itself, as in production; the test only uploads and reads what
-was published.
+vLLM. Once one run's convert instances have all ended (the run that found the documents claimed), the
+test ends the slowness (``slow_s`` 0 applies to pages in service too) and the converting run finishes
+at once: the overlap lasts as long as the machine needs, not a fixed time sized for a loaded one. The
+scheduler makes both runs itself, as in production; the test only uploads, waits and reads what was
+published.
 
 The shape is chosen for what else the deployment does. Two documents: the plan gives each its own
 convert instance, so the first run holds two of the pool's three slots and the second run's
@@ -37,18 +40,28 @@ import pytest
 
 from olmocr_tasks.location.layout import safe_run_id
 from olmocr_tasks.testing.bucket import Bucket
-from olmocr_tasks.testing.cluster import Deployment
+from olmocr_tasks.testing.cluster import Deployment, wait_until
 from tests.deployment.published import converted, documents, only, sources, statuses
-from tests.deployment.schedule import MINUTE, interval, now, plan_started, run_ending
+from tests.deployment.schedule import (
+    MINUTE,
+    RUN_TIMEOUT_S,
+    interval,
+    now,
+    plan_started,
+    run_ending,
+    scheduled_runs,
+)
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]
 
 DAG = "olmocr_ingest"
 EVENTS_DAG = "olmocr_s3_events"
+ENDED = ("success", "failed", "skipped", "upstream_failed", "removed")
 # The stand-in answers this many requests at a time, each page of this test's documents after SLOW_S:
-# 40 pages take 10 rounds, about 200 s. The next run is created a minute after the first and had
+# 40 pages would take 10 rounds, about 200 s. The next run is created a minute after the first and had
 # tried both documents 80 s after the first run's first request on a quiet machine (the first run's
-# last answer came 170 s later with 32 pages); the rest is room for a loaded one.
+# last answer came 170 s later with 32 pages); the rest is room for a loaded one. The test ends the
+# slowness as soon as that run is done, so a quiet machine does not wait out the room.
 CAPACITY = 4
 SLOW_S = 20.0
 # name -> (doc_id, pages): doc ids no other deployment test uses, so the stand-in counts only ours.
@@ -72,6 +85,26 @@ def _manifests_since(deployment: Deployment, bucket: Bucket, since: datetime) ->
             if manifest is not None:
                 found.append(manifest)
     return found
+
+
+def _converts_ended(deployment: Deployment, run_id: str) -> bool:
+    """Every mapped convert instance of the run has ended for good (before expansion there is none; an
+    instance waiting for its retry has not)."""
+    instances = [ti for ti in deployment.api.task_instances(DAG, run_id) if ti["task_id"] == "convert"]
+    return bool(instances) and all(ti["map_index"] >= 0 and ti["state"] in ENDED for ti in instances)
+
+
+def _end_slowness_after_one_run_converted(deployment: Deployment, ends: tuple[datetime, ...]) -> None:
+    """Wait until the convert instances of one of the runs ending at ``ends`` have all ended (the run
+    that found the documents claimed: the other holds them, its pages slow), then answer the held
+    pages at once."""
+
+    def one_ended() -> bool:
+        runs = [run for run in scheduled_runs(deployment) if interval(run)[1] in ends]
+        return any(_converts_ended(deployment, run["dag_run_id"]) for run in runs)
+
+    wait_until(one_ended, RUN_TIMEOUT_S, 3, what="one overlapping run's convert instances ended")
+    deployment.standin.configure(slow_s=0)
 
 
 def _row(page: str, source: str) -> str:
@@ -105,6 +138,7 @@ def test_two_overlapping_scheduled_runs_convert_each_fresh_pdf_once(
         assert tick - MINUTE < bucket.last_modified(uri.removeprefix(f"s3://{bucket.name}/")) <= tick
 
     # The run of (tick - 1 min, tick] lists them in its interval, the next one through its lookback.
+    _end_slowness_after_one_run_converted(deployment, (tick, tick + MINUTE))
     first = run_ending(deployment, tick)
     second = run_ending(deployment, tick + MINUTE)
     assert interval(second)[0] == tick

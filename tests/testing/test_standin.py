@@ -411,6 +411,22 @@ def test_slow_answers_after_slow_s(standin: StandinServer) -> None:
     wait_until(lambda: standin.stats()["by_outcome"] == {"client_gone": 1, "slow": 1})
 
 
+def test_lowering_slow_s_answers_the_slow_pages_already_in_service(standin: StandinServer) -> None:
+    """A slow server that recovers answers what it holds: the page in service is answered after the
+    change, long before the hour it was started under (the order of events says so, not a stopwatch)."""
+    standin.configure(always={"3:2": "slow"}, slow_s=3600)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(chat, standin, page_body(standin))
+        wait_until(lambda: any(record.get("started") for record in standin.requests()))
+        assert not pending.done()
+        lowered_at = time.time()
+        standin.configure(slow_s=0)
+        response = pending.result(timeout=60)
+    assert response.status_code == 200 and parse_completion(response.json()).is_valid
+    (record,) = standin.requests()
+    assert record["started"] < lowered_at <= record["finished"]
+
+
 def test_page_script_then_normal_answers(standin: StandinServer) -> None:
     standin.configure(scripts={"3:2": ["500", "length", "ok", "garbage"]}, always={"4:1": "503"})
     body, other, doomed = page_body(standin, 3, 2), page_body(standin, 3, 1), page_body(standin, 4, 1)

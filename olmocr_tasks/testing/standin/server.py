@@ -312,6 +312,8 @@ class VllmStandin:
         self._scheduler = _Scheduler(self.config.capacity)
         # Set while serving; cleared during a stall so every data-plane handler parks on it.
         self._gate: asyncio.Event | None = None
+        # Set (and replaced) when ``slow_s`` changes, so "slow" pages in service see the new value.
+        self._slow_changed: asyncio.Event | None = None
         self._busy: Counter[Any] = Counter()
         self._outage: dict[str, Any] | None = None
         self._outage_timer: asyncio.TimerHandle | None = None
@@ -339,6 +341,7 @@ class VllmStandin:
         self.host = host
         self._gate = asyncio.Event()
         self._gate.set()
+        self._slow_changed = asyncio.Event()
         app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[self._track_busy])
         app.add_routes(
             [
@@ -440,6 +443,9 @@ class VllmStandin:
             self._jitter_rng = random.Random(new.seed + 1)
         if new.log_limit != old.log_limit:
             self._records = deque(self._records, maxlen=new.log_limit)
+        if new.slow_s != old.slow_s and self._slow_changed is not None:
+            self._slow_changed.set()
+            self._slow_changed = asyncio.Event()
         # A page whose script is (re)set starts from its first step again.
         for key in patch.get("scripts") or {}:
             self._script_progress.pop(str(key), None)
@@ -690,15 +696,26 @@ class VllmStandin:
         record["started"] = time.time()
         try:
             if fault == "slow":
-                delay = config.slow_s
+                await self._serve_slow(record["started"])
             else:
                 delay = config.latency_s + (self._jitter_rng.uniform(0, config.jitter_s) if config.jitter_s else 0)
-            if delay > 0:
-                await asyncio.sleep(delay)
+                if delay > 0:
+                    await asyncio.sleep(delay)
         finally:
             self._scheduler.release()
         await self._wait_gate()
         return self._completion(record, config, fault, b64, marker, prompt_tokens, max_tokens)
+
+    async def _serve_slow(self, started: float) -> None:
+        """Hold a "slow" page until ``slow_s`` after it started, by the live setting: a slow server that
+        recovers answers the pages it holds too, so a test can end the slowness when it has seen what it
+        waited for (rather than sizing a fixed delay for a loaded machine)."""
+        while (remaining := started + self.config.slow_s - time.time()) > 0:
+            assert self._slow_changed is not None
+            try:
+                await asyncio.wait_for(self._slow_changed.wait(), remaining)
+            except TimeoutError:
+                return
 
     def _read_request(self, body: bytes, record: dict[str, Any], config: StandinConfig) -> tuple[str, int]:
         try:
