@@ -18,7 +18,8 @@ means, so a layout change is made here::
 
 and inside one plan of a run folder::
 
-    plan.json   batches/<batch>.json   attempts/<batch>/try-<n>/{started, part.json, entries/<hash>.json}
+    plan.json   batches/<batch>.json   slices/<slice>.json (while planning)
+    attempts/<batch>/try-<n>/{started, part.json, entries/<hash>.json}
 
 ``<run>`` is ``safe_run_id`` of the run id: the run folder and the manifest of one run share it.
 Nothing here performs I/O.
@@ -46,6 +47,7 @@ _DOLMA = "dolma"
 _MARKDOWN = "markdown"
 _PLAN_FILE = "plan.json"
 _BATCHES = "batches"
+_SLICES = "slices"
 _ATTEMPTS = "attempts"
 _ENTRIES = "entries"
 _PART_FILE = "part.json"
@@ -295,6 +297,10 @@ class PlanFolder:
 
     def batch(self, batch_key: str) -> str:
         return join_uri(self.uri, _BATCHES, f"{batch_key}.json")
+
+    def plan_slice(self, slice_key: str) -> str:
+        """Discovered sources in discovery order, written while a plan packs them (not a batch)."""
+        return join_uri(self.uri, _SLICES, f"{slice_key}.json")
 
     @property
     def attempts_uri(self) -> str:

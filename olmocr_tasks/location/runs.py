@@ -5,6 +5,8 @@ Layout (keys named by ``olmocr_tasks.location.layout``; only this module reads a
     _runs/<run>/<plan>/plan.json                         the plan: sources (or its batches' keys),
                                                          unavailable, dead letters
     _runs/<run>/<plan>/batches/<batch>.json              the sources of one batch
+    _runs/<run>/<plan>/slices/<slice>.json               while a plan packs its batches: the sources
+                                                         discovered, a slice at a time (then removed)
     _runs/<run>/<plan>/attempts/<batch>/<try>/started    this attempt of the batch began
     _runs/<run>/<plan>/attempts/<batch>/<try>/entries/<hash>.json   one finished document
     _runs/<run>/<plan>/attempts/<batch>/<try>/part.json  every entry and the batch's GPU-busy seconds,
@@ -32,7 +34,7 @@ import json
 import re
 import secrets
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,9 +60,10 @@ def new_plan_id(label: str = "p") -> str:
 class RunPlan:
     """What one run set out to do, fixed before any conversion starts.
 
-    A plan holds its sources in ``sources``, or, *streamed* into the run folder batch by batch (the
-    CLI: ``olmocr_tasks.run.planning.stream_plan``), keeps only their batches' keys in ``batch_keys``
-    and reads each batch back when it is needed, so no process holds every source of a big run.
+    A plan holds its sources in ``sources`` (plans written before streaming, tests), or, *streamed*
+    into the run folder batch by batch (``olmocr_tasks.run.planning``: the CLI's ``stream_plan`` and
+    the Airflow plan's ``plan_batches``), keeps only their batches' keys in ``batch_keys`` and reads
+    each batch back when it is needed, so no process holds every source of a big run.
     """
 
     sources: list[SourceDocument]
@@ -194,14 +197,32 @@ class RunFolder:
     # ------------------------------------------------------------------------------- batches
 
     def write_batch(self, batch_key: str, sources: Sequence[SourceDocument]) -> None:
-        self.storage.write_bytes_atomic(self._batch_uri(batch_key), _json([source.to_dict() for source in sources]))
+        self._write_sources(self._batch_uri(batch_key), sources)
 
     def read_batch(self, batch_key: str) -> list[SourceDocument]:
-        raw = json.loads(self.storage.read_bytes(self._batch_uri(batch_key)))
-        return [SourceDocument.from_dict(item) for item in raw]
+        return self._read_sources(self._batch_uri(batch_key))
 
     def _batch_uri(self, batch_key: str) -> str:
         return self.keys.batch(_checked_key(batch_key))
+
+    def write_slice(self, slice_key: str, sources: Sequence[SourceDocument]) -> None:
+        """Sources a planning discovered, kept aside (not a batch: nothing converts or publishes it)
+        until it has packed them into batches (``olmocr_tasks.run.planning.plan_batches``)."""
+        self._write_sources(self.keys.plan_slice(_checked_key(slice_key)), sources)
+
+    def read_slice(self, slice_key: str) -> list[SourceDocument]:
+        return self._read_sources(self.keys.plan_slice(_checked_key(slice_key)))
+
+    def remove_slices(self, slice_keys: Iterable[str]) -> None:
+        """Remove a planning's slices once its batches hold their sources: each source is then kept once."""
+        for key in slice_keys:
+            self.storage.delete(self.keys.plan_slice(_checked_key(key)))
+
+    def _write_sources(self, uri: str, sources: Sequence[SourceDocument]) -> None:
+        self.storage.write_bytes_atomic(uri, _json([source.to_dict() for source in sources]))
+
+    def _read_sources(self, uri: str) -> list[SourceDocument]:
+        return [SourceDocument.from_dict(item) for item in json.loads(self.storage.read_bytes(uri))]
 
     # ------------------------------------------------------------------------------ attempts
 

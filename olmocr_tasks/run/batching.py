@@ -31,8 +31,9 @@ only changes how documents are grouped, never what is converted; the manifest ha
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from olmocr_tasks.location.documents import SourceDocument
@@ -79,42 +80,68 @@ class BatchingRule:
 
 
 def pack_batches(sources: Sequence[SourceDocument], rule: BatchingRule | None = None) -> list[list[SourceDocument]]:
-    """Group documents into batches by the rule: each document once, at most ``rule.max_batches`` batches."""
+    """Group documents into batches by the rule: each document once, at most ``rule.max_batches`` batches.
+
+    The list form of ``Packing``, for sources held in memory; the Airflow plan streams the same rule."""
     rule = rule or BatchingRule()
-    if not sources:
-        return []
-    pages = [rule.estimated_pages(source) for source in sources]
-    target = rule.target_pages(sum(pages))
-    max_documents = rule.max_documents
-    while True:
-        batches = _pack(sources, pages, target, max_documents)
-        if len(batches) <= rule.max_batches:
-            return batches
-        target *= 2
-        max_documents *= 2
+    packing = Packing.fitted(lambda: sources, rule, sum(rule.estimated_pages(source) for source in sources))
+    packs = dict(packing.packs(sources, rule))
+    return [packs[position] for position in range(len(packs))]
 
 
-def _pack(
-    sources: Sequence[SourceDocument], pages: Sequence[int], target: float, max_documents: int
-) -> list[list[SourceDocument]]:
-    batches: list[list[SourceDocument]] = []
-    current: list[SourceDocument] = []
-    current_pages = 0
-    last_pack: list[SourceDocument] | None = None
-    for source, count in zip(sources, pages, strict=True):
-        if count >= target:
-            batches.append([source])
-            continue
-        # Cut before this document when the pack would overshoot its target by more than it falls short.
-        if current and (current_pages + count - target >= target - current_pages or len(current) >= max_documents):
-            batches.append(current)
-            last_pack, current, current_pages = current, [], 0
-        current.append(source)
-        current_pages += count
-    if current:
-        # A remainder under half a target joins the previous pack instead of taking a slot of its own.
-        if last_pack is not None and current_pages < target / 2 and len(last_pack) + len(current) <= max_documents:
-            last_pack.extend(current)
-        else:
-            batches.append(current)
-    return batches
+@dataclass(frozen=True)
+class Packing:
+    """One pass of the packing rule: each pack's target pages and its most documents.
+
+    ``packs`` streams it over the sources in discovery order, holding two packs at most, so a run's
+    sources can be read back from storage a slice at a time rather than held whole.
+    """
+
+    target: float
+    max_documents: int
+
+    @classmethod
+    def fitted(cls, sources: Callable[[], Iterable[SourceDocument]], rule: BatchingRule, total_pages: int) -> Packing:
+        """The packing of a run of ``total_pages`` estimated pages that gives at most ``rule.max_batches``
+        packs: the target (and the documents a pack may hold) doubles until it fits. ``sources`` gives
+        the run's sources afresh for each counting pass."""
+        packing = cls(rule.target_pages(total_pages), rule.max_documents)
+        while sum(1 for _ in packing.packs(sources(), rule)) > rule.max_batches:
+            packing = cls(packing.target * 2, packing.max_documents * 2)
+        return packing
+
+    def packs(
+        self, sources: Iterable[SourceDocument], rule: BatchingRule
+    ) -> Iterator[tuple[int, list[SourceDocument]]]:
+        """``(position, pack)`` for each pack once it is final; ``position`` is its place in the run's batches.
+
+        A document of at least the target runs alone; smaller ones are packed in order, each pack cut
+        where its pages come closest to the target. The pack cut last is held back until the next cut
+        (or the end), since a remainder under half a target joins it instead of taking a slot of its
+        own: that pack is the only one yielded out of position order.
+        """
+        target, max_documents = self.target, self.max_documents
+        positions = itertools.count()
+        current: list[SourceDocument] = []
+        current_pages = 0
+        # The pack cut last, not yielded yet: the end-of-run remainder may still join it.
+        held: tuple[int, list[SourceDocument]] | None = None
+        for source in sources:
+            count = rule.estimated_pages(source)
+            if count >= target:
+                yield next(positions), [source]
+                continue
+            # Cut before this document when the pack would overshoot its target by more than it falls short.
+            if current and (current_pages + count - target >= target - current_pages or len(current) >= max_documents):
+                if held is not None:
+                    yield held
+                held, current, current_pages = (next(positions), current), [], 0
+            current.append(source)
+            current_pages += count
+        if current and held is not None and current_pages < target / 2 and len(held[1]) + len(current) <= max_documents:
+            held[1].extend(current)
+            current = []
+        if held is not None:
+            yield held
+        if current:
+            yield next(positions), current

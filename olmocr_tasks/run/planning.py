@@ -1,18 +1,20 @@
 """Planning a run, for the CLI and the Airflow ``plan`` task alike: what to convert, in which batches.
 
-``plan_run`` discovers what a run must convert (dropping what is converted already, listing dead
-letters, re-driving earlier failures that are due). ``start_plan`` writes that plan into the run
-folder, the record publishing works from; ``plan_batches`` also packs the plan into batches (one
-object each in the run folder) and returns one small descriptor per batch, what Airflow maps
-``convert`` over. The CLI plans with ``stream_plan``: the same discovery (``iter_plan``), written
-to the run folder a slice (batch) at a time as it goes, so no process holds every source of the run.
+``iter_plan`` discovers what a run must convert (dropping what is converted already, listing dead
+letters, re-driving earlier failures that are due), source by source; ``plan_run`` holds that whole
+(tests, small tools). Both planners write it to the run folder as it goes, a slice at a time, so no
+process holds every source of the run, and write the plan, the record publishing works from, last:
+the CLI's ``stream_plan`` writes each slice as a batch; the Airflow ``plan`` task's ``plan_batches``
+packs the slices into batches by estimated pages (one object each) and returns one small descriptor
+per batch, what Airflow maps ``convert`` over.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,7 +23,7 @@ from olmocr_tasks.location.ledger import Ledger, LedgerSnapshot, fingerprint, so
 from olmocr_tasks.location.manifest import SKIP_RETRY_LATER, DocumentEntry
 from olmocr_tasks.location.outputs import output_stem
 from olmocr_tasks.location.runs import RunFolder, RunPlan
-from olmocr_tasks.run.batching import BatchingRule, pack_batches
+from olmocr_tasks.run.batching import BatchingRule, Packing
 from olmocr_tasks.run.discovery import MissingSource, iter_pdfs, resolve_explicit
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import ObjectInfo, Storage
@@ -31,6 +33,10 @@ log = logging.getLogger(__name__)
 
 # Long enough to recognise a document in the grid; 1000 batch descriptors stay around 100 KB.
 _LABEL_CHARS = 80
+# The Airflow plan writes discovery's sources to the run folder this many at a time (about 0.4 MB each).
+PLAN_SLICE_DOCUMENTS = 2_000
+# Batch writes in flight while the Airflow plan packs: S3's latency, not bandwidth, bounds them.
+_BATCH_WRITERS = 8
 
 
 def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
@@ -211,14 +217,6 @@ def list_dead_letters(
     ]
 
 
-def start_plan(request: RunRequest, storage: Storage, folder: RunFolder) -> RunPlan:
-    """Plan the run afresh into ``folder``: what an earlier pass left there goes, the new plan is written."""
-    folder.clear_earlier_attempt()
-    plan = plan_run(request, storage)
-    folder.write_plan(plan)
-    return plan
-
-
 def stream_plan(
     request: RunRequest,
     storage: Storage,
@@ -234,59 +232,114 @@ def stream_plan(
     """
     folder.clear_earlier_attempt()
     plan = RunPlan(sources=[])
-    batch: list[SourceDocument] = []
-
-    def write() -> None:
-        key = batch_key(len(plan.batch_keys))
-        folder.write_batch(key, batch)
-        plan.batch_keys.append(key)
-        batch.clear()
-
-    for source in iter_plan(request, storage, plan):
-        batch.append(source)
-        if len(batch) >= batch_documents:
-            write()
-    if batch:
-        write()
+    plan.batch_keys = _write_slices(iter_plan(request, storage, plan), batch_documents, batch_key, folder.write_batch)
     folder.write_plan(plan)
     return plan
 
 
-def plan_batches(request: RunRequest, storage: Storage, folder: RunFolder, rule: BatchingRule) -> list[dict[str, Any]]:
+def _write_slices(
+    sources: Iterable[SourceDocument],
+    documents: int,
+    key: Callable[[int], str],
+    write: Callable[[str, list[SourceDocument]], None],
+) -> list[str]:
+    """Write ``sources`` ``documents`` at a time (``write(key(index), slice)``), holding one slice; their keys."""
+    keys: list[str] = []
+    chunk: list[SourceDocument] = []
+
+    def flush() -> None:
+        keys.append(key(len(keys)))
+        write(keys[-1], chunk)
+        chunk.clear()
+
+    for source in sources:
+        chunk.append(source)
+        if len(chunk) >= documents:
+            flush()
+    if chunk:
+        flush()
+    return keys
+
+
+def plan_batches(
+    request: RunRequest,
+    storage: Storage,
+    folder: RunFolder,
+    rule: BatchingRule,
+    *,
+    slice_documents: int = PLAN_SLICE_DOCUMENTS,
+) -> list[dict[str, Any]]:
     """Plan the run into ``folder`` packed into batches; returns one small descriptor per batch.
 
     Each batch's sources go to an object of their own, so a convert task reads only its own, not the
     whole plan. A descriptor: ``{"plan": "p1-3f9c0a2e", "batch": "b00012", "label": "inbox/report.pdf",
     "documents": 1, "pages": 3}`` (pages estimated from sizes, for the convert attempt's time limit).
+
+    Streamed, so the task's memory follows a slice and a batch, not the run: discovery's sources go
+    to the run folder ``slice_documents`` at a time while their estimated pages are summed; the
+    packing that fits ``rule.max_batches`` is found by counting its packs over the slices read back,
+    then the slices are read once more and each pack is written as it is cut. The slices are removed
+    and the plan, written last (the commit marker), keeps only its batches' keys.
     """
     earlier_batches = folder.earlier_batch_count()
-    plan = start_plan(request, storage, folder)
-    batches = pack_batches(plan.sources, rule)
-    # Padded with empty batches (no-op convert instances, an empty part file each) to at least one and
-    # to the previous pass's count: Airflow 3.3 does not map a cleared run's ``convert`` beyond the
-    # previous pass's length, so a shorter pass would strand a later, longer one's batches.
-    batches += [[] for _ in range(max(1, earlier_batches) - len(batches))]
-    descriptors = [
-        {
-            "plan": folder.plan_id,
-            "batch": f"b{index:05d}",
-            "label": batch_label(batch, request.input_uri),
-            "documents": len(batch),
-            "pages": sum(rule.estimated_pages(source) for source in batch),
-        }
-        for index, batch in enumerate(batches)
-    ]
+    folder.clear_earlier_attempt()
+    plan = RunPlan(sources=[])
+    total_pages = 0
 
-    def write(item: tuple[dict[str, Any], list[SourceDocument]]) -> None:
-        descriptor, batch = item
-        folder.write_batch(descriptor["batch"], batch)
+    def paged(sources: Iterable[SourceDocument]) -> Iterator[SourceDocument]:
+        nonlocal total_pages
+        for source in sources:
+            total_pages += rule.estimated_pages(source)
+            yield source
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(write, zip(descriptors, batches, strict=True)))
-    log_plan(request, plan, sum(1 for batch in batches if batch))
-    if len(batches) < plan.planned:
-        log.info("packed %d documents into %d batches (%s)", plan.planned, len(batches), rule)
-    return descriptors
+    slice_keys = _write_slices(
+        paged(iter_plan(request, storage, plan)), slice_documents, _slice_key, folder.write_slice
+    )
+
+    def planned() -> Iterator[SourceDocument]:
+        for key in slice_keys:
+            yield from folder.read_slice(key)
+
+    packing = Packing.fitted(planned, rule, total_pages)
+    descriptors: dict[int, dict[str, Any]] = {}
+    with ThreadPoolExecutor(max_workers=_BATCH_WRITERS) as pool:
+        writing: deque[Future[None]] = deque()
+
+        def write(position: int, batch: list[SourceDocument]) -> None:
+            descriptors[position] = {
+                "plan": folder.plan_id,
+                "batch": f"b{position:05d}",
+                "label": batch_label(batch, request.input_uri),
+                "documents": len(batch),
+                "pages": sum(rule.estimated_pages(source) for source in batch),
+            }
+            # A few writes in flight (S3 latency), each holding its batch: memory stays a few batches'.
+            if len(writing) >= _BATCH_WRITERS:
+                writing.popleft().result()
+            writing.append(pool.submit(folder.write_batch, descriptors[position]["batch"], batch))
+
+        for position, batch in packing.packs(planned(), rule):
+            write(position, batch)
+        packed = len(descriptors)
+        # Padded with empty batches (no-op convert instances, an empty part file each) to at least one and
+        # to the previous pass's count: Airflow 3.3 does not map a cleared run's ``convert`` beyond the
+        # previous pass's length, so a shorter pass would strand a later, longer one's batches.
+        for position in range(packed, max(1, earlier_batches)):
+            write(position, [])
+        for done in writing:
+            done.result()
+    batches = [descriptors[position] for position in range(len(descriptors))]
+    folder.remove_slices(slice_keys)
+    plan.batch_keys = [descriptor["batch"] for descriptor in batches]
+    folder.write_plan(plan)
+    log_plan(request, plan, packed)
+    if packed < plan.planned:
+        log.info("packed %d documents into %d batches (%s)", plan.planned, packed, rule)
+    return batches
+
+
+def _slice_key(index: int) -> str:
+    return f"s{index:05d}"
 
 
 def log_plan(request: RunRequest, plan: RunPlan, batches: int) -> None:

@@ -139,11 +139,13 @@ def publish_run(
 ) -> PublishedRun:
     """Stream a run's results into its manifest: entries to shards batch by batch, the summary last.
 
-    Holds one batch's report at a time and, for a streamed plan (the CLI's), one batch's sources (else
-    the set of planned sources); counts and metrics are folded as the entries stream
-    (``ManifestWriter``). A planned document no
-    batch reported is recorded as failed ``not_converted``, in the manifest and as a failure of this
-    run in the ledger, so later runs re-drive it. The error budget is judged into the summary.
+    Holds one batch's report at a time and, for a streamed plan (the CLI's and the Airflow plan's), one
+    batch's sources (a plan held whole, written before plans were streamed: the set of its sources);
+    counts and metrics are folded as the entries stream (``ManifestWriter``: what grows with the run is
+    8 bytes per converted page, kept for exact latency percentiles). A planned document no batch
+    reported is recorded as failed ``not_converted`` after its batch's entries, in the manifest and as
+    a failure of this run in the ledger, so later runs re-drive it. The error budget is judged into the
+    summary.
     ``airflow_run``: the DAG run the manifest belongs to (None for the CLI).
     """
     writer = ManifestWriter(storage, request.output_uri, request.run_id, shard_entries=shard_entries)
@@ -151,8 +153,7 @@ def publish_run(
         writer.add(entry)
     gpu_reports: list[GpuBusy | None] = []
     request_reports: list[dict[str, int] | None] = []
-    # Planned sources no batch reported, in plan order (held until the end: the manifest lists them last).
-    lost: list[SourceDocument] = []
+    lost = 0
     for sources, reports in _planned_and_reported(plan, folder):
         # Planned sources not reported yet, in plan order; what is left at the end was never reported.
         pending = {source.uri: source for source in sources}
@@ -165,24 +166,26 @@ def publish_run(
                 writer.add(entry)
             gpu_reports.append(report.gpu_busy)
             request_reports.append(report.storage_requests)
-        lost.extend(pending.values())
-    for source in lost:
-        entry = _lost(source)
-        entry.redriven = source.redriven
-        writer.add(entry)
+        # Recorded after the batch's reported entries (a plan held whole: after every batch's), so
+        # only one batch's lost sources are ever held.
+        for source in pending.values():
+            entry = _lost(source)
+            entry.redriven = source.redriven
+            writer.add(entry)
+        if pending:
+            _mark_not_converted(request, storage, pending.values())
+            lost += len(pending)
     for entry in plan.left_for_later:
         writer.add(entry)
     for entry in plan.dead_letters:
         writer.add_dead_letter(entry)
-    if lost:
-        _mark_not_converted(request, storage, lost)
     manifest = _manifest_header(request, plan, gpu_busy=total_gpu_busy(gpu_reports))
     manifest.storage_requests = total_storage_requests(request_reports)
     manifest.totals = writer.totals
     manifest.judge_error_budget(request.run_settings.max_document_error_rate)
     manifest.airflow_run = airflow_run
     uri = writer.commit(manifest)
-    return PublishedRun(manifest, uri, len(lost))
+    return PublishedRun(manifest, uri, lost)
 
 
 def _planned_and_reported(

@@ -542,8 +542,9 @@ def test_backfill_runs_plan_only_their_own_interval_and_scheduled_runs_look_back
         run.plan()
         plan_id = run.xcom["plan", tasks.PLAN_ID_XCOM]
         request = run_requests.build_request(run.ctx("publish_manifest"))
-        plan = request.run_folder(Storage(), plan_id).read_plan()
-        return sorted(Path(source.uri).name for source in plan.sources)
+        folder = request.run_folder(Storage(), plan_id)
+        batches = folder.read_plan().batch_keys
+        return sorted(Path(source.uri).name for key in batches for source in folder.read_batch(key))
 
     # Backfill runs of adjacent intervals run at the same time: each lists only its own interval.
     assert planned("backfill", (H0, H)) == ["first.pdf"]
