@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import gc
 import json
 from pathlib import Path
 
 from olmocr_tasks.core.config import ConversionSettings, ServerSettings
-from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.manifest import DocumentEntry
 from olmocr_tasks.run.pipeline import cli_batch_key, convert_batch, run_conversion
 from olmocr_tasks.run.planning import plan_run, stream_plan
@@ -15,6 +13,7 @@ from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer
+from tests.fixtures.live_sources import LiveSourcesStorage
 
 
 def _request(inbox: Path, output: Path, standin: StandinServer) -> RunRequest:
@@ -80,31 +79,17 @@ def test_a_plan_written_source_by_source_reads_back_whole(tmp_path: Path, standi
     assert json.loads(plan.to_json()) == plan.to_dict()
 
 
-class _LiveSourcesStorage(Storage):
-    """Local storage that notes, at every write, how many planned documents the process holds."""
-
-    most_live_sources = 0
-
-    def write_bytes_atomic(self, uri: str, data: bytes, *, content_type: str | None = None) -> None:
-        # type(), not isinstance(): isinstance reads __class__, which some lazy proxies in the heap (Airflow's
-        # optional-import shims) answer by importing a module that may not be installed
-        live = sum(1 for item in gc.get_objects() if type(item) is SourceDocument)
-        _LiveSourcesStorage.most_live_sources = max(_LiveSourcesStorage.most_live_sources, live)
-        super().write_bytes_atomic(uri, data, content_type=content_type)
-
-
 def test_the_run_never_holds_its_whole_plan(tmp_path: Path, standin: StandinServer) -> None:
     """Planned 2 at a time, 9 documents: no write of the run (batches, entries, parts, manifest) happens
     while more than two slices' documents are alive, and the plan object keeps no sources."""
     inbox, output = tmp_path / "inbox", tmp_path / "out"
     _write_inbox(inbox, 9)
-    gc.collect()
-    _LiveSourcesStorage.most_live_sources = 0
+    LiveSourcesStorage.reset()
 
-    reader, _ = run_conversion(_request(inbox, output, standin), _LiveSourcesStorage(), batch_documents=2)
+    reader, _ = run_conversion(_request(inbox, output, standin), LiveSourcesStorage(), batch_documents=2)
 
     assert reader.counts()["converted"] == 9
-    assert 0 < _LiveSourcesStorage.most_live_sources <= 4
+    assert 0 < LiveSourcesStorage.most_live_sources <= 4
     plan = json.loads((output / "_runs" / "sliced" / "plan" / "plan.json").read_text())
     assert plan["sources"] == [] and plan["planned"] == 9
     assert plan["batch_keys"] == [cli_batch_key(index) for index in range(5)]
