@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
+import statistics
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from olmocr_tasks.location import manifest as manifest_module
 from olmocr_tasks.location.layout import safe_run_id
-from olmocr_tasks.location.manifest import DocumentEntry, Manifest, manifest_uri
+from olmocr_tasks.location.manifest import DocumentEntry, Manifest, exact_percentiles, manifest_uri
+from olmocr_tasks.location.manifest_overview import histogram_bins
 from olmocr_tasks.page.protocol import PageResponse
 from olmocr_tasks.page.results import DocumentResult, PageResult
 from olmocr_tasks.testing.standin.server import StandinServer
@@ -243,3 +248,23 @@ def test_an_output_collision_failure_is_recorded_in_a_manifest_that_validates(
     assert "s3://elsewhere/taken.pdf" in entries["taken.pdf"]["error"]
     assert entries["free.pdf"]["status"] == "converted"
     assert not (tmp_path / "out" / "markdown" / "taken.md").exists()
+
+
+@pytest.mark.parametrize("chunk", [3, 65_536])
+def test_latency_percentiles_are_exact_from_the_array_merged_in_sorted_chunks(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The percentiles a publish folds from its 8-byte latency array, sorted a chunk at a time, are
+    statistics.quantiles' inclusive cuts (ties, two values, one, none), and the histogram reads the
+    array in place the same as a list."""
+    monkeypatch.setattr(manifest_module, "_SORT_CHUNK", chunk)
+    rng = random.Random(7)
+    for count in (0, 1, 2, 3, 10, 101, 1000):
+        values = [rng.choice([rng.uniform(0.1, 30.0), float(rng.randint(1, 4))]) for _ in range(count)]
+        if count > 1:
+            cuts = statistics.quantiles(values, n=100, method="inclusive")
+            expected = [round(cuts[49], 4), round(cuts[94], 4)]
+        else:
+            expected = [round(values[0], 4) if values else None] * 2
+        assert exact_percentiles(array("d", values), (50, 95)) == expected
+        assert histogram_bins(array("d", values)) == histogram_bins(values)
