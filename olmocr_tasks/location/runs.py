@@ -190,8 +190,10 @@ class RunFolder:
         """Remove what earlier plannings of this run left (other plan ids, and this one's own files).
 
         Only housekeeping: fencing does not depend on it, since nothing outside this plan id is read.
+        Each object is deleted once listed (both backends list on past it, as ``rm -r`` does), so a
+        cleared run's plan never holds the listing of its earlier attempts (an entry per document).
         """
-        for info in list(self.storage.list_objects(self.run_uri + "/")):
+        for info in self.storage.list_objects(self.run_uri + "/"):
             self.storage.delete(info.uri)
 
     # ------------------------------------------------------------------------------- batches
