@@ -23,6 +23,10 @@ concurrency):
   the target (or at ``max_documents`` documents);
 * never more than ``max_batches`` (Airflow's ``max_map_length``): the target doubles until it fits.
 
+The rule is one stream (``Packing``) over the sources in discovery order that holds two packs at most:
+the Airflow plan runs it over its sources read back from storage a slice at a time (once to count the
+packs, once to write them), ``pack_batches`` over a list.
+
 Pages are **estimated from the listing's byte sizes** (``size / bytes_per_page``, at least 1): plan
 reads one listing and nothing per document, which keeps a 50,000-object discovery to seconds on S3,
 where opening each PDF to count its pages would cost several ranged GETs per document. A wrong estimate
