@@ -72,10 +72,12 @@ def build_manifest(
 ) -> Manifest:
     """Merge plan and results in memory; a planned document without a result is recorded as failed.
 
-    For small runs and tests: ``publish_run`` does the same while streaming, holding one batch at a time.
+    For small runs and tests, with a plan held whole (``plan_run``): ``publish_run`` does the same while
+    streaming, holding one batch at a time, and is the only one that reads a streamed plan's batches.
     ``gpu_busy`` is what the batches measured (``RunFolder.collect_results``); without it, or when some
     batch did not measure its own, the manifest's cost falls back to the run's wall-clock time.
     """
+    _require_held(plan)
     documents: list[DocumentEntry] = list(plan.unavailable)
     for source in plan.sources:
         entry = entries_by_source.get(source.uri)
@@ -88,6 +90,12 @@ def build_manifest(
     manifest.documents, manifest.dead_letters = documents, plan.dead_letters
     manifest.judge_error_budget(request.run_settings.max_document_error_rate)
     return manifest
+
+
+def _require_held(plan: RunPlan) -> None:
+    # A streamed plan's sources are in its batches: read from ``sources`` it would lose every document.
+    if plan.streamed:
+        raise ValueError("a streamed plan keeps its sources in its batches: publish it with publish_run")
 
 
 def _lost(source: SourceDocument) -> DocumentEntry:
@@ -232,8 +240,9 @@ def remember_not_converted(request: RunRequest, storage: Storage, plan: RunPlan,
     """Record each planned document no batch reported as a failure of this run, so later runs re-drive it.
 
     Counted like any failure: a document that keeps taking its batch down becomes a dead letter.
-    (``publish_run`` does the same while it streams.)
+    (``publish_run`` does the same while it streams.) For a plan held whole, as ``build_manifest``.
     """
+    _require_held(plan)
     lost = {doc.source for doc in manifest.documents if doc.error_class == NOT_CONVERTED}
     if lost:
         _mark_not_converted(request, storage, [source for source in plan.sources if source.uri in lost])

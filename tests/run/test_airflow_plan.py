@@ -9,12 +9,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from olmocr_tasks.core.config import ConversionSettings, ServerSettings
 from olmocr_tasks.location.runs import RunFolder
 from olmocr_tasks.run.batching import BatchingRule, pack_batches
 from olmocr_tasks.run.pipeline import convert_batch
 from olmocr_tasks.run.planning import batch_label, plan_batches, plan_run
-from olmocr_tasks.run.publishing import publish_run
+from olmocr_tasks.run.publishing import build_manifest, publish_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
 from olmocr_tasks.testing import pdfgen
@@ -105,6 +107,8 @@ def test_a_streamed_plan_publishes_every_planned_document_once(tmp_path: Path, s
 
     documents = list(published.reader(storage).iter_documents())
     assert sorted(Path(doc["source"]).name for doc in documents) == [f"d{doc_id}.pdf" for doc_id in range(7)]
+    with pytest.raises(ValueError, match="streamed plan"):  # the in-memory merge would lose every document
+        build_manifest(request, plan, {})
     lost = {doc["source"] for doc in documents if doc["error_class"] == "not_converted"}
     assert lost == {source.uri for source in never_reported} and published.not_converted == 4
     assert published.manifest.counts()["converted"] == 3
