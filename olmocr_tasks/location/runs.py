@@ -34,7 +34,7 @@ import json
 import re
 import secrets
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,7 +199,13 @@ class RunFolder:
     # ------------------------------------------------------------------------------- batches
 
     def write_batch(self, batch_key: str, sources: Sequence[SourceDocument]) -> None:
-        self._write_sources(self._batch_uri(batch_key), sources)
+        self.batch_write(batch_key, sources)()
+
+    def batch_write(self, batch_key: str, sources: Sequence[SourceDocument]) -> Callable[[], None]:
+        """``write_batch`` in two steps: the sources are encoded now, written when the returned call runs
+        (a writer thread then holds the batch's bytes, not its documents)."""
+        uri, data = self._batch_uri(batch_key), _sources_json(sources)
+        return lambda: self.storage.write_bytes_atomic(uri, data)
 
     def read_batch(self, batch_key: str) -> list[SourceDocument]:
         return self._read_sources(self._batch_uri(batch_key))
@@ -210,7 +216,7 @@ class RunFolder:
     def write_slice(self, slice_key: str, sources: Sequence[SourceDocument]) -> None:
         """Sources a planning discovered, kept aside (not a batch: nothing converts or publishes it)
         until it has packed them into batches (``olmocr_tasks.run.planning.plan_batches``)."""
-        self._write_sources(self.keys.plan_slice(_checked_key(slice_key)), sources)
+        self.storage.write_bytes_atomic(self.keys.plan_slice(_checked_key(slice_key)), _sources_json(sources))
 
     def read_slice(self, slice_key: str) -> list[SourceDocument]:
         return self._read_sources(self.keys.plan_slice(_checked_key(slice_key)))
@@ -219,9 +225,6 @@ class RunFolder:
         """Remove a planning's slices once its batches hold their sources: each source is then kept once."""
         for key in slice_keys:
             self.storage.delete(self.keys.plan_slice(_checked_key(key)))
-
-    def _write_sources(self, uri: str, sources: Sequence[SourceDocument]) -> None:
-        self.storage.write_bytes_atomic(uri, _json([source.to_dict() for source in sources]))
 
     def _read_sources(self, uri: str) -> list[SourceDocument]:
         return [SourceDocument.from_dict(item) for item in json.loads(self.storage.read_bytes(uri))]
@@ -411,3 +414,7 @@ def _checked_key(batch_key: str) -> str:
 
 def _json(data: Any) -> bytes:
     return json.dumps(data).encode()
+
+
+def _sources_json(sources: Sequence[SourceDocument]) -> bytes:
+    return _json([source.to_dict() for source in sources])

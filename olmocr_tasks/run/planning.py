@@ -313,10 +313,10 @@ def plan_batches(
                 "documents": len(batch),
                 "pages": sum(rule.estimated_pages(source) for source in batch),
             }
-            # A few writes in flight (S3 latency), each holding its batch: memory stays a few batches'.
+            # A few writes in flight (S3 latency), each holding its batch's bytes, not its documents.
             if len(writing) >= _BATCH_WRITERS:
                 writing.popleft().result()
-            writing.append(pool.submit(folder.write_batch, descriptors[position]["batch"], batch))
+            writing.append(pool.submit(folder.batch_write(descriptors[position]["batch"], batch)))
 
         for position, batch in packing.packs(planned(), rule):
             write(position, batch)
