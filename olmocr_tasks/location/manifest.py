@@ -419,7 +419,7 @@ def _storage_request_metrics(recorded: dict[str, Any], converted: int) -> dict[s
     if converted:
         per_document = {kind: round(count / converted, 3) for kind, count in by_kind.items()}
         per_document["total"] = round(total / converted, 3)
-    return {
+    metrics: dict[str, Any] = {
         "by_kind": by_kind,
         "total": total,
         "batches": recorded["batches"],
@@ -427,13 +427,27 @@ def _storage_request_metrics(recorded: dict[str, Any], converted: int) -> dict[s
         "converted_documents": converted,
         "per_converted_document": per_document,
     }
+    # The run's other steps: planning (its listings grow with the input and the location's history)
+    # and publishing; with the batches', what the whole run asked of storage.
+    run_total = total
+    for step in ("planning", "publishing"):
+        counts = recorded.get(step)
+        if counts is not None:
+            metrics[step] = {"by_kind": dict(counts), "total": sum(counts.values())}
+            run_total += metrics[step]["total"]
+    metrics["run_total"] = run_total
+    return metrics
 
 
 def _stored_storage_requests(data: Any) -> dict[str, Any] | None:
     """What ``_storage_request_metrics`` was made from, read back from a summary (None: not recorded)."""
     if not isinstance(data, dict) or not isinstance(data.get("by_kind"), dict):
         return None
-    return {"by_kind": data["by_kind"], "batches": data.get("batches", 0), "complete": data.get("complete") is True}
+    stored = {"by_kind": data["by_kind"], "batches": data.get("batches", 0), "complete": data.get("complete") is True}
+    for step in ("planning", "publishing"):
+        if isinstance(data.get(step), dict) and isinstance(data[step].get("by_kind"), dict):
+            stored[step] = data[step]["by_kind"]
+    return stored
 
 
 def _empty_counts() -> dict[str, int]:
@@ -530,10 +544,16 @@ class ManifestWriter:
         self.overview.add_dead_letter(data)
         self._dead_letters.add(data)
 
-    def commit(self, manifest: Manifest) -> str:
-        """Write the remaining shards, then ``manifest``'s summary with these totals; returns its URI."""
+    def commit(self, manifest: Manifest, *, publishing_since: dict[str, int] | None = None) -> str:
+        """Write the remaining shards, then ``manifest``'s summary with these totals; returns its URI.
+
+        ``publishing_since``: the storage's request counts when publishing began; the requests since
+        then (the summary's own write excepted) go into the summary's storage request count.
+        """
         for stream in (self._documents, self._dead_letters):
             stream.flush()
+        if publishing_since is not None and manifest.storage_requests is not None:
+            manifest.storage_requests["publishing"] = self.storage.requests.since(publishing_since)
         manifest.totals = self.totals
         manifest.overview = self.overview.finish(self.totals.latencies)
         manifest.dead_letter_count = self._dead_letters.count

@@ -80,6 +80,9 @@ class RunPlan:
     planned: int = 0
     # The batches a streamed plan wrote its sources to, in order (empty: the sources are in ``sources``).
     batch_keys: list[str] = field(default_factory=list)
+    # The storage requests planning sent (listings, ledger snapshot, the batches it wrote), by kind;
+    # None for plans written before they were counted.
+    storage_requests: dict[str, int] | None = None
 
     @property
     def streamed(self) -> bool:
@@ -95,6 +98,7 @@ class RunPlan:
             "redriven": self.redriven,
             "planned": self.planned,
             "batch_keys": self.batch_keys,
+            "storage_requests": self.storage_requests,
             "sources": sources,
             "unavailable": [entry.to_dict() for entry in self.unavailable],
             "dead_letters": [entry.to_dict() for entry in self.dead_letters],
@@ -123,6 +127,7 @@ class RunPlan:
             # Plans written before streaming counted their sources by holding them.
             planned=data.get("planned", len(sources)),
             batch_keys=list(data.get("batch_keys", [])),
+            storage_requests=_request_counts(data.get("storage_requests")),
         )
 
 

@@ -230,9 +230,13 @@ def stream_plan(
     (key ``batch_key(index)``) and dropped. The plan itself (counts, what is not converted, the batch
     keys) is written last: a plan without it never finished and is planned again from scratch.
     """
+    before = storage.requests.counts()
     folder.clear_earlier_attempt()
     plan = RunPlan(sources=[])
     plan.batch_keys = _write_slices(iter_plan(request, storage, plan), batch_documents, batch_key, folder.write_batch)
+    # Planning's own requests (the listings grow with the input and the location's history), for the
+    # manifest's count of what the whole run asked of storage.
+    plan.storage_requests = storage.requests.since(before)
     folder.write_plan(plan)
     return plan
 
@@ -281,6 +285,7 @@ def plan_batches(
     then the slices are read once more and each pack is written as it is cut. The slices are removed
     and the plan, written last (the commit marker), keeps only its batches' keys.
     """
+    before = storage.requests.counts()
     earlier_batches = folder.earlier_batch_count()
     folder.clear_earlier_attempt()
     plan = RunPlan(sources=[])
@@ -331,6 +336,7 @@ def plan_batches(
     batches = [descriptors[position] for position in range(len(descriptors))]
     folder.remove_slices(slice_keys)
     plan.batch_keys = [descriptor["batch"] for descriptor in batches]
+    plan.storage_requests = storage.requests.since(before)
     folder.write_plan(plan)
     log_plan(request, plan, packed)
     if packed < plan.planned:

@@ -156,6 +156,7 @@ def publish_run(
     summary.
     ``airflow_run``: the DAG run the manifest belongs to (None for the CLI).
     """
+    before = storage.requests.counts()
     writer = ManifestWriter(storage, request.output_uri, request.run_id, shard_entries=shard_entries)
     for entry in plan.unavailable:
         writer.add(entry)
@@ -189,10 +190,14 @@ def publish_run(
         writer.add_dead_letter(entry)
     manifest = _manifest_header(request, plan, gpu_busy=total_gpu_busy(gpu_reports))
     manifest.storage_requests = total_storage_requests(request_reports)
+    if manifest.storage_requests is not None:
+        # Planning's own requests beside the batches'; publishing's are added by the commit, once its
+        # last shards are written (all but the summary's own write).
+        manifest.storage_requests["planning"] = plan.storage_requests
     manifest.totals = writer.totals
     manifest.judge_error_budget(request.run_settings.max_document_error_rate)
     manifest.airflow_run = airflow_run
-    uri = writer.commit(manifest)
+    uri = writer.commit(manifest, publishing_since=before)
     return PublishedRun(manifest, uri, lost)
 
 

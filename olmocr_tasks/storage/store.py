@@ -105,6 +105,10 @@ class RequestCounter:
         with self._lock:
             return sum(self._counts.values())
 
+    def since(self, earlier: dict[str, int]) -> dict[str, int]:
+        """The requests counted after ``earlier`` (an earlier ``counts()``), by kind."""
+        return {kind: count - earlier.get(kind, 0) for kind, count in self.counts().items()}
+
 
 @dataclass(frozen=True)
 class RetryPolicy:

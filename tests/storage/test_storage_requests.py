@@ -94,6 +94,14 @@ def test_a_cli_run_reports_its_storage_requests_per_converted_document(tmp_path:
     assert per_document["total"] == round(requests["total"] / 4, 3)
     # At least one source read and one output per document.
     assert by_kind["read"] >= 4 and by_kind["write"] >= 4
+    # Planning listed the input and the location's state and wrote its plan's batch; publishing wrote
+    # at least a shard; run_total adds them to the batches'.
+    planning, publishing = requests["planning"], requests["publishing"]
+    assert planning["by_kind"]["list"] >= 2 and planning["by_kind"]["write"] >= 1, planning
+    assert publishing["by_kind"]["write"] >= 1, publishing
+    for step in (planning, publishing):
+        assert step["total"] == sum(step["by_kind"].values())
+    assert requests["run_total"] == requests["total"] + planning["total"] + publishing["total"]
     print("local one-page run, requests per converted document:", json.dumps(per_document))
 
 
@@ -114,9 +122,14 @@ def test_on_s3_the_counts_match_the_requests_the_server_received(
     during = {kind: count - before[kind] for kind, count in _proxy_counts(s3_fault_proxy).items()}
     part = json.loads(storage.read_bytes(result.summary["part"]))["storage_requests"]
     assert _as_proxy_sees(part) == during and result.summary["storage_requests"] == sum(part.values())
+    before_publish = _proxy_counts(s3_fault_proxy)
     published = publish_run(request, storage, folder, plan)
     # The whole Storage's totals (plan, the batch, publish and the test's own read) match the server's.
     assert _as_proxy_sees(storage.requests.counts()) == _proxy_counts(s3_fault_proxy)
+    # Publishing's own count is what the server got during publish but the summary's own PUT.
+    publishing = published.manifest.to_dict()["metrics"]["storage_requests"]["publishing"]["by_kind"]
+    during_publish = {kind: count - before_publish[kind] for kind, count in _proxy_counts(s3_fault_proxy).items()}
+    assert during_publish == _as_proxy_sees(publishing) | {"put": _as_proxy_sees(publishing)["put"] + 1}
     metrics = published.manifest.to_dict()["metrics"]["storage_requests"]
     assert metrics["by_kind"] == part and metrics["converted_documents"] == 4
     assert metrics["per_converted_document"]["total"] == round(sum(part.values()) / 4, 3)
