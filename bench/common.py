@@ -129,3 +129,49 @@ def standin(regime: Regime, **overrides: Any) -> Iterator[Any]:
         yield process
     finally:
         process.stop()
+
+
+class MotoBucket:
+    """A moto S3 server in this (harness) process with one bucket. Objects the bench sets up go through
+    moto's in-process backend (far faster than PUTs over HTTP); what is measured goes over HTTP."""
+
+    REGION = "us-east-1"
+    KEY, SECRET = "bench-access-key", "bench-secret-key"
+
+    def __init__(self, name: str) -> None:
+        import logging
+
+        import boto3
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.s3.models import s3_backends
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        self.name = name
+        # The environment of a measured command that reads and writes this bucket (the AWS SDK's own).
+        self.env = subprocess_env(
+            AWS_ACCESS_KEY_ID=self.KEY,
+            AWS_SECRET_ACCESS_KEY=self.SECRET,
+            AWS_DEFAULT_REGION=self.REGION,
+            AWS_ENDPOINT_URL=self.endpoint,
+            AWS_EC2_METADATA_DISABLED="true",
+        )
+        boto3.client(
+            "s3", endpoint_url=self.endpoint, region_name=self.REGION,
+            aws_access_key_id=self.KEY, aws_secret_access_key=self.SECRET,
+        ).create_bucket(Bucket=name)  # fmt: skip
+        self.backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+
+    def put(self, key: str, body: bytes) -> None:
+        self.backend.put_object(self.name, key, body)
+
+    def get(self, key: str) -> bytes | None:
+        stored = self.backend.get_object(self.name, key)  # None when there is no such object
+        return None if stored is None else stored.value
+
+    def stop(self) -> None:
+        self.server.stop()

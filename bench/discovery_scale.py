@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import subprocess_env
+from bench.common import MotoBucket, subprocess_env
 from bench.measure import run_measured
 
-REGION = "us-east-1"
-KEY, SECRET = "bench-access-key", "bench-secret-key"
+# The child processes reach the harness's bucket with its credentials.
+REGION, KEY, SECRET = MotoBucket.REGION, MotoBucket.KEY, MotoBucket.SECRET
 PREFIX = "inbox/"
 
 
@@ -107,31 +106,18 @@ def child_main(argv: list[str]) -> int:
 # ---------------------------------------------------------------------------- harness side
 
 
-def _populate(objects: int) -> tuple[Any, str, str]:
-    import boto3
-    from moto.core import DEFAULT_ACCOUNT_ID
-    from moto.s3.models import s3_backends
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    bucket = "bench-discovery"
-    boto3.client(
-        "s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=KEY, aws_secret_access_key=SECRET
-    ).create_bucket(Bucket=bucket)
-    backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+def _populate(objects: int) -> MotoBucket:
+    bucket = MotoBucket("bench-discovery")
     body = b"%PDF-1.4\n% bench placeholder\n%%EOF\n"
     for index in range(objects):
-        backend.put_object(bucket, _key(index), body)
-    return server, endpoint, bucket
+        bucket.put(_key(index), body)
+    return bucket
 
 
 def measure_discovery(work: Path, objects: int = 100_000, repeats: int = 2) -> dict[str, Any]:
     started = time.perf_counter()
-    server, endpoint, bucket = _populate(objects)
+    bucket = _populate(objects)
+    endpoint = bucket.endpoint
     populate_s = time.perf_counter() - started
     runs: dict[str, list[dict[str, Any]]] = {"bare": [], "ours": []}
     try:
@@ -141,7 +127,7 @@ def measure_discovery(work: Path, objects: int = 100_000, repeats: int = 2) -> d
                 result_path.unlink(missing_ok=True)
                 command = [
                     sys.executable, "-m", "bench.discovery_scale", "list", impl, "--endpoint", endpoint,
-                    "--bucket", bucket, "--result", str(result_path),
+                    "--bucket", bucket.name, "--result", str(result_path),
                 ]  # fmt: skip
                 measurement = run_measured(
                     command, label=f"discovery {impl}", env=subprocess_env(), log_path=work / f"discovery-{impl}.log"
@@ -158,7 +144,7 @@ def measure_discovery(work: Path, objects: int = 100_000, repeats: int = 2) -> d
                     }
                 )
     finally:
-        server.stop()
+        bucket.stop()
     best = {impl: min(items, key=lambda item: item["listing_s"]) for impl, items in runs.items()}
     return {
         "objects": objects,

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import CPU_BOUND, MODEL, RESULTS_DIR, VENV_BIN, fresh_dir, standin, subprocess_env
+from bench.common import CPU_BOUND, MODEL, RESULTS_DIR, VENV_BIN, MotoBucket, fresh_dir, standin, subprocess_env
 from bench.measure import run_measured
 from olmocr_tasks.location.layout import SHARD_SUFFIX, OutputLocation, shards_folder
 from olmocr_tasks.location.manifest_reader import open_manifest
@@ -159,49 +159,15 @@ def measure(documents: int, work: Path, server: str, lines_per_page: int = DEFAU
     }
 
 
-class MotoBucket:
-    """A moto S3 server in this process with one bucket; objects are put through its backend."""
+def _put_corpus(bucket: MotoBucket, prefix: str, start: int, count: int, lines_per_page: int) -> None:
+    """``write_corpus``'s documents, put under ``prefix`` of the bucket."""
+    for doc_id in range(start, start + count):
+        bucket.put(f"{prefix}part{doc_id // 1000:04d}/doc{doc_id:07d}.pdf", one_page_pdf(doc_id, lines_per_page))
 
-    REGION = "us-east-1"
 
-    def __init__(self) -> None:
-        import logging
-
-        import boto3
-        from moto.core import DEFAULT_ACCOUNT_ID
-        from moto.s3.models import s3_backends
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self.server.start()
-        host, port = self.server.get_host_and_port()
-        self.endpoint = f"http://{host}:{port}"
-        self.name = "bench-scale"
-        self.env = subprocess_env(
-            AWS_ACCESS_KEY_ID="bench-access-key",
-            AWS_SECRET_ACCESS_KEY="bench-secret-key",
-            AWS_DEFAULT_REGION=self.REGION,
-            AWS_ENDPOINT_URL=self.endpoint,
-            AWS_EC2_METADATA_DISABLED="true",
-        )
-        boto3.client(
-            "s3", endpoint_url=self.endpoint, region_name=self.REGION,
-            aws_access_key_id="bench-access-key", aws_secret_access_key="bench-secret-key",
-        ).create_bucket(Bucket=self.name)  # fmt: skip
-        self.backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
-
-    def put_corpus(self, prefix: str, start: int, count: int, lines_per_page: int) -> None:
-        for doc_id in range(start, start + count):
-            key = f"{prefix}part{doc_id // 1000:04d}/doc{doc_id:07d}.pdf"
-            self.backend.put_object(self.name, key, one_page_pdf(doc_id, lines_per_page))
-
-    def summary(self, key: str) -> dict[str, Any] | None:
-        stored = self.backend.get_object(self.name, key)  # None when the run published no manifest
-        return None if stored is None else json.loads(stored.value)
-
-    def stop(self) -> None:
-        self.server.stop()
+def _summary(bucket: MotoBucket, key: str) -> dict[str, Any] | None:
+    data = bucket.get(key)  # None when the run published no manifest
+    return None if data is None else json.loads(data)
 
 
 def _run_figures(summary: dict[str, Any] | None, expected: int, measured: Any) -> dict[str, Any]:
@@ -220,14 +186,14 @@ def measure_s3(documents: int, bucket: MotoBucket, work: Path, server: str, line
     root = fresh_dir(work / f"scale-s3-{documents}")
     prefix = f"n{documents}/"
     input_uri, output_uri = f"s3://{bucket.name}/{prefix}input/", f"s3://{bucket.name}/{prefix}output"
-    bucket.put_corpus(f"{prefix}input/", 0, documents, lines_per_page)
+    _put_corpus(bucket, f"{prefix}input/", 0, documents, lines_per_page)
     run_id = f"scale-s3-{documents}"
     first = _convert(input_uri, output_uri, run_id, server, root / "first.log", bucket.env)
-    first_figures = _run_figures(bucket.summary(f"{prefix}output/manifests/{run_id}.json"), documents, first)
-    bucket.put_corpus(f"{prefix}input/", documents, NEW_DOCUMENTS, lines_per_page)
+    first_figures = _run_figures(_summary(bucket, f"{prefix}output/manifests/{run_id}.json"), documents, first)
+    _put_corpus(bucket, f"{prefix}input/", documents, NEW_DOCUMENTS, lines_per_page)
     top_up_id = f"{run_id}-topup"
     second = _convert(input_uri, output_uri, top_up_id, server, root / "second.log", bucket.env)
-    top_up = _run_figures(bucket.summary(f"{prefix}output/manifests/{top_up_id}.json"), NEW_DOCUMENTS, second)
+    top_up = _run_figures(_summary(bucket, f"{prefix}output/manifests/{top_up_id}.json"), NEW_DOCUMENTS, second)
     return {
         "documents": documents,
         "storage": "s3",
@@ -257,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     machine = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()}
     settings = {"regime": CPU_BOUND.name, **CPU_BOUND.settings(), "pages_per_document": 1, "lines_per_page": args.lines}
-    bucket = MotoBucket() if args.s3 else None
+    bucket = MotoBucket("bench-scale") if args.s3 else None
     with standin(CPU_BOUND) as server:
         for documents in args.documents:
             if bucket is not None:
