@@ -11,9 +11,10 @@ airflow db migrate
 username="${AIRFLOW_ADMIN_USERNAME:-admin}"
 # FAB's "users create" leaves an existing user untouched ("already exist in the db").
 echo "olmocr-airflow init: admin user '${username}'"
+# "--option=value": a value that starts with "-" (a random password may) is not read as an option.
 airflow users create \
-    --username "${username}" \
-    --password "${AIRFLOW_ADMIN_PASSWORD:?AIRFLOW_ADMIN_PASSWORD is not set}" \
+    --username="${username}" \
+    --password="${AIRFLOW_ADMIN_PASSWORD:?AIRFLOW_ADMIN_PASSWORD is not set}" \
     --firstname Admin \
     --lastname User \
     --role Admin \
