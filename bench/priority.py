@@ -6,7 +6,8 @@ at most 5 % of its throughput).
 
 The deployment is the one the deployment tests run (``olmocr_tasks/testing/cluster.py``: api-server,
 scheduler, dag-processor, triggerer, two Celery workers) with the defaults a user gets, except what the
-scenario names: the ``olmocr_vllm`` pool at 2 slots and ``OLMOCR_CONVERT_SLOTS=2``; the stand-in at
+scenario names: the ``olmocr_vllm`` pool at 2 slots and ``OLMOCR_CONVERT_SLOTS=2`` (beside it the
+1-slot ``olmocr_vllm_high`` pool compose's init creates, ``--high-priority-slots``); the stand-in at
 8 concurrent x 0.5 s (16 pages/s) with ``--scheduling-policy priority`` and the connection saying so;
 the cluster policy of ``plugins/airflow_local_settings.py`` loaded as any deployment of this plugins
 folder loads it. Runs, one after the other, on local folders:
@@ -45,7 +46,6 @@ from olmocr_tasks.inference.priority import HIGH, VLLM_PRIORITY
 
 DAG_ID = "olmocr_ingest"
 POOL_SLOTS = 2
-HIGH_POOL = "olmocr_vllm_high"
 
 
 def _seconds(run: dict[str, Any]) -> float:
@@ -192,11 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="the 226-page corpus instead of 1,002 pages")
     parser.add_argument(
-        "--reserved-pool",
+        "--high-priority-slots",
         type=int,
-        default=0,
+        default=1,
         metavar="SLOTS",
-        help="also give high-priority runs a pool of their own with this many slots (OLMOCR_HIGH_PRIORITY_POOL)",
+        help="slots of the olmocr_vllm_high pool reserved for high-priority runs (default 1, as compose's init "
+        "creates it; 0: none, high runs wait in olmocr_vllm first in its queue)",
     )
     parser.add_argument(
         "--low-class-waves",
@@ -228,29 +229,22 @@ def main(argv: list[str] | None = None) -> int:
             "OLMOCR_INPUT_URI": str(fresh_dir(work / "scheduled-input")),
             "OLMOCR_OUTPUT_URI": str(work / "scheduled-output"),
         }
-        if args.reserved_pool:
-            env["OLMOCR_HIGH_PRIORITY_POOL"] = HIGH_POOL
         # Only what the command line names differs from the defaults a user gets; the results say it.
         if args.low_class_waves is not None:
             env["OLMOCR_LOW_CLASS_WAVES"] = str(args.low_class_waves)
         if args.low_priority_nice is not None:
             env["OLMOCR_LOW_PRIORITY_NICE"] = str(args.low_priority_nice)
         results["settings"] = {key: value for key, value in env.items() if key.startswith("OLMOCR_")}
-        cluster = AirflowCluster(ClusterSettings(work_dir=work / "cluster", pool_slots=POOL_SLOTS, env=env))
+        settings = ClusterSettings(
+            work_dir=work / "cluster", pool_slots=POOL_SLOTS, high_priority_slots=args.high_priority_slots, env=env
+        )
+        cluster = AirflowCluster(settings)
         try:
             cluster.start()
             api = AirflowApi(cluster.api_url, ADMIN_USER, cluster.admin_password)
             api.wait_for_dag(DAG_ID)
             api.set_paused(DAG_ID, False)
-            if args.reserved_pool:
-                pool = {
-                    "name": HIGH_POOL,
-                    "slots": args.reserved_pool,
-                    "description": "high priority",
-                    "include_deferred": False,
-                }
-                api.ok("POST", "/api/v2/pools", json=pool)
-            results["reserved_pool_slots"] = args.reserved_pool
+            results["high_priority_slots"] = args.high_priority_slots
             # A fresh deployment's first runs pay for warming up (workers importing, DAG parsing): not counted.
             _finished(api, _trigger(api, _urgent_conf(work, "warm-up", "auto")))
             idle_runs = [_idle_run(api, server, work, "idle-1")]
@@ -271,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"Priority classes, deployment (pool {POOL_SLOTS} slots, OLMOCR_CONVERT_SLOTS={POOL_SLOTS}), "
         f"stand-in {BACKPRESSURE.description}, scheduling_policy priority; big run {corpus.pages} pages, class low; "
-        f"reserved pool for high: {args.reserved_pool or 'none'}; low-class waves: "
+        f"olmocr_vllm_high slots: {args.high_priority_slots}; low-class waves: "
         f"{args.low_class_waves if args.low_class_waves is not None else 'default'}, low-priority nice: "
         f"{args.low_priority_nice if args.low_priority_nice is not None else 'default'}",
         "",

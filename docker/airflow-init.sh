@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-shot setup run by the airflow-init service before the other Airflow components start:
-# database schema, the admin user, and the pool that bounds convert tasks per vLLM deployment.
+# database schema, the admin user, and the pools that bound convert tasks per vLLM deployment.
 # Connections need no setup: they come from the AIRFLOW_CONN_* variables in compose.yaml.
 # Safe to run again: every step is idempotent.
 set -euo pipefail
@@ -23,6 +23,17 @@ airflow users create \
 slots="${OLMOCR_VLLM_POOL_SLOTS:-8}"
 echo "olmocr-airflow init: pool olmocr_vllm with ${slots} slots"
 airflow pools set olmocr_vllm "${slots}" "Convert tasks running at once against the vLLM deployment"
+
+# Reserved for high-priority runs (REST documents, S3 events): their convert instances never wait for
+# a backfill's instance to end (README "Priority classes"). 0 removes it: they then share olmocr_vllm.
+high_slots="${OLMOCR_HIGH_PRIORITY_POOL_SLOTS:-1}"
+if [ "${high_slots}" -gt 0 ]; then
+    echo "olmocr-airflow init: pool olmocr_vllm_high with ${high_slots} slots"
+    airflow pools set olmocr_vllm_high "${high_slots}" "Convert tasks of high-priority runs, beside olmocr_vllm"
+elif airflow pools get olmocr_vllm_high >/dev/null 2>&1; then
+    echo "olmocr-airflow init: no reserved pool (OLMOCR_HIGH_PRIORITY_POOL_SLOTS=0): removing olmocr_vllm_high"
+    airflow pools delete olmocr_vllm_high
+fi
 
 # A malformed AIRFLOW_CONN_* value would otherwise only surface when the first task runs.
 if airflow connections get olmocr_vllm >/dev/null 2>&1; then

@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 AIRFLOW_HOME = ROOT / ".airflow"
 POOL = "olmocr_vllm"
+HIGH_PRIORITY_POOL = "olmocr_vllm_high"
 # Airflow's own commands live beside this interpreter; they start further `airflow` processes by
 # name, so that folder goes first on PATH (a `make` target does not activate the virtualenv).
 BIN_DIR = Path(sys.executable).parent
@@ -67,7 +68,9 @@ def airflow(*args: str, env: dict[str, str], quiet: bool = True) -> subprocess.C
 
 
 def prepare(env: dict[str, str], pool_slots: int = 4) -> None:
-    """Create or upgrade the SQLite database and the pool the convert tasks run in."""
+    """Create or upgrade the SQLite database and the pools the convert tasks run in."""
     AIRFLOW_HOME.mkdir(exist_ok=True)
     airflow("db", "migrate", env=env)
     airflow("pools", "set", POOL, str(pool_slots), "Bounds concurrent convert tasks per vLLM deployment", env=env)
+    # Reserved for high-priority runs (REST documents runs): README "Priority classes".
+    airflow("pools", "set", HIGH_PRIORITY_POOL, "1", "Convert tasks of high-priority runs", env=env)

@@ -31,6 +31,13 @@ def convert_pool() -> str:
     return os.environ.get("OLMOCR_POOL", DEFAULT_POOL)
 
 
+def high_priority_pool() -> str:
+    """``OLMOCR_HIGH_PRIORITY_POOL``: the pool reserved for high-priority convert instances (default: the
+    convert pool's name with ``_high``, ``olmocr_vllm_high``). The cluster policy uses it only while it
+    exists with slots and the convert pool has none free (``provider.policy``)."""
+    return os.environ.get("OLMOCR_HIGH_PRIORITY_POOL") or f"{convert_pool()}_high"
+
+
 def convert_retry_delay() -> timedelta:
     """The first wait before Airflow retries a convert instance (``OLMOCR_CONVERT_RETRY_DELAY``, seconds).
 

@@ -7,8 +7,12 @@ instance with its DAG run as the scheduler creates it. For the convert instances
 * ``priority_weight`` by class (high 100, normal 10, low 1): when a slot of the ``olmocr_vllm`` pool
   frees, the scheduler queues the highest weight first, so a one-page REST or event run does not wait
   behind the hundreds of queued instances of a backfill, only for the first slot to free;
-* for high-priority runs, when ``OLMOCR_HIGH_PRIORITY_POOL`` names a pool: that pool instead, a share
-  of the server reserved for them, so they do not even wait for a low-priority instance to finish.
+* for a high-priority instance created while every slot of the convert pool is held: the pool reserved
+  for high-priority runs (``olmocr_vllm_high``, 1 slot in the set-ups of this repository;
+  ``OLMOCR_HIGH_PRIORITY_POOL`` renames it) while it exists with slots, so it waits for no low-priority
+  instance to end. With a free slot in the convert pool it takes that one and the reserve stays for
+  the next; without the reserved pool (not created, or 0 slots) it waits in the convert pool, first in
+  its queue.
 
 It is registered with Airflow through the ``airflow.policy`` entry point of this package (pluggy: every
 Airflow component loads it when the package is installed, no settings file to copy). A deployment that
@@ -21,13 +25,18 @@ Both at once is harmless: the hook sets the same values twice. Without either ev
 static weight and pool (the behaviour before classes). It touches only the ``convert`` task of the
 conversion DAGs (``OLMOCR_POLICY_DAGS``, default ``olmocr_ingest,olmocr_s3_events``: another DAG's task
 named ``convert`` is someone else's), and only while its pool is ours. The hook runs inside the
-scheduler's transaction: it reads only the ``dag_run`` it is given, never the database.
+scheduler's transaction: it reads the ``dag_run`` it is given and, for high-priority instances only,
+the pools through that run's own session (no second connection, no flush of what the scheduler is
+creating): whether the reserved pool exists at most once per ``POOL_CHECK_INTERVAL_S`` per process,
+and the convert pool's free slots.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from airflow.policies import hookimpl
 
@@ -39,9 +48,24 @@ CONVERT_TASK_ID = "convert"
 DEFAULT_POLICY_DAGS = ("olmocr_ingest", "olmocr_s3_events")
 
 
-def convert_placement(ti: Any, dag_run: Any) -> tuple[int, str] | None:
-    """The ``(priority_weight, pool)`` a convert instance of ``dag_run`` gets, or None to leave it."""
-    if dag_run is None or ti.task_id != CONVERT_TASK_ID or ti.pool not in (_pool(), _high_priority_pool()):
+class PoolView(Protocol):
+    """What the policy asks of the deployment's pools when it places a high-priority instance."""
+
+    def reserved_open(self, name: str) -> bool:
+        """Whether pool ``name`` exists with slots."""
+
+    def has_free_slot(self, name: str) -> bool:
+        """Whether pool ``name`` has a slot no running or queued instance holds, now."""
+
+
+def convert_placement(ti: Any, dag_run: Any, pools: PoolView) -> tuple[int, str] | None:
+    """The ``(priority_weight, pool)`` a convert instance of ``dag_run`` gets, or None to leave it.
+
+    A high-priority instance takes a free slot of the shared pool when there is one (the reserve stays
+    for the next), else the reserved pool while it exists with slots; otherwise it waits in the shared
+    pool, first in its queue."""
+    shared, reserved = _pool(), _high_priority_pool()
+    if dag_run is None or ti.task_id != CONVERT_TASK_ID or ti.pool not in (shared, reserved):
         return None
     if getattr(ti, "dag_id", None) not in policy_dags():
         return None
@@ -49,19 +73,75 @@ def convert_placement(ti: Any, dag_run: Any) -> tuple[int, str] | None:
         priority_class = run_class(str(getattr(dag_run.run_type, "value", dag_run.run_type)), dag_run.conf or {})
     except ConfigurationError:
         return None  # plan fails such a run with the message; the scheduler must not
-    pool = _pool()
-    if priority_class == HIGH and _high_priority_pool():
-        pool = _high_priority_pool()
+    pool = shared
+    if priority_class == HIGH and pools.reserved_open(reserved) and not pools.has_free_slot(shared):
+        pool = reserved
     return AIRFLOW_WEIGHT[priority_class], pool
 
 
 @hookimpl
 def task_instance_mutation_hook(task_instance: Any, dag_run: Any = None) -> None:
     """Airflow's cluster policy hook: place convert instances by their run's priority class."""
-    placement = convert_placement(task_instance, dag_run)
+    placement = convert_placement(task_instance, dag_run, SessionPools(dag_run))
     if placement is None:
         return
     task_instance.priority_weight, task_instance.pool = placement
+
+
+# How long a process trusts what it read of the reserved pool's existence: a pool created or removed
+# takes effect within this, and a run expanding into many instances reads the pool row once.
+POOL_CHECK_INTERVAL_S = 30.0
+_pool_checks: dict[str, tuple[float, bool]] = {}
+
+
+class SessionPools:
+    """The pools as the session ``dag_run`` is attached to sees them (the scheduler's own transaction:
+    no second connection, and reads never flush the instances it is creating). A run attached to no
+    session, or a failed read, answers "no reserve": a reserved pool that is not there must never
+    strand an instance."""
+
+    def __init__(self, dag_run: Any, now: Callable[[], float] = time.monotonic) -> None:
+        self._dag_run = dag_run
+        self._now = now
+
+    def reserved_open(self, name: str) -> bool:
+        checked = _pool_checks.get(name)
+        if checked is not None and self._now() - checked[0] < POOL_CHECK_INTERVAL_S:
+            return checked[1]
+        pool = self._read(name, lambda session, pool: pool)
+        if pool is _UNREAD:
+            return False
+        # -1 is Airflow's unlimited; 0 slots would strand the instance.
+        is_open = pool is not None and pool.slots != 0
+        _pool_checks[name] = (self._now(), is_open)
+        return is_open
+
+    def has_free_slot(self, name: str) -> bool:
+        free = self._read(name, lambda session, pool: pool is not None and pool.open_slots(session=session) > 0)
+        return free is True
+
+    def _read(self, name: str, question: Callable[[Any, Any], Any]) -> Any:
+        from airflow.models.pool import Pool
+        from sqlalchemy import select
+        from sqlalchemy.exc import SQLAlchemyError
+        from sqlalchemy.orm import object_session
+        from sqlalchemy.orm.exc import UnmappedInstanceError
+
+        try:
+            session = object_session(self._dag_run)
+        except UnmappedInstanceError:
+            return _UNREAD
+        if session is None:
+            return _UNREAD
+        try:
+            with session.no_autoflush:
+                pool = session.scalar(select(Pool).where(Pool.pool == name))
+                return question(session, pool)
+        except SQLAlchemyError:
+            return _UNREAD
+
+
+_UNREAD = object()
 
 
 def policy_dags() -> frozenset[str]:
@@ -82,5 +162,7 @@ def _pool() -> str:
     return convert_pool()
 
 
-def _high_priority_pool() -> str | None:
-    return os.environ.get("OLMOCR_HIGH_PRIORITY_POOL") or None
+def _high_priority_pool() -> str:
+    from olmocr_tasks.provider.environment import high_priority_pool
+
+    return high_priority_pool()

@@ -50,6 +50,7 @@ from olmocr_tasks.testing.ports import PORT_ATTEMPTS, address_in_use, free_port
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OUTPUT_ROOT = REPO_ROOT / "test-output" / "deployment"
 POOL = "olmocr_vllm"
+HIGH_PRIORITY_POOL = "olmocr_vllm_high"
 ADMIN_USER = "admin"
 LOCAL_POSTGRES = ("127.0.0.1", 5432)
 LOCAL_REDIS = ("127.0.0.1", 6379)
@@ -359,6 +360,8 @@ class ClusterSettings:
     workers: int = 2
     worker_concurrency: int = 2
     pool_slots: int = 3
+    # The pool reserved for high-priority runs, as compose's init creates it (0: none).
+    high_priority_slots: int = 1
     # Extra environment of every component (the DAGs' configuration and connections).
     env: dict[str, str] = field(default_factory=dict)
     # None: a fresh database named after the session, dropped at stop().
@@ -507,6 +510,9 @@ class AirflowCluster:
         self._created_database = self.postgres.create_database(self.database)
         self.airflow("db", "migrate")
         self.airflow("pools", "set", POOL, str(self.settings.pool_slots), "vLLM capacity of this deployment")
+        if self.settings.high_priority_slots:
+            slots = str(self.settings.high_priority_slots)
+            self.airflow("pools", "set", HIGH_PRIORITY_POOL, slots, "high-priority runs, beside " + POOL)
         self._launch_on_port("api-server", self._choose_api_port, lambda: self._get("/api/v2/version"), deadline)
         for name in ("scheduler", "dag-processor"):
             self._launch(name, [name])

@@ -1,6 +1,7 @@
 """Priority classes through the deployment: a REST ``documents`` run is not stuck behind a saturating
-low-priority run, neither for a slot of the vLLM pool (the cluster policy in ``plugins/``) nor in the
-server's queue (the connection's ``scheduling_policy`` is ``priority``, as the stand-in runs).
+low-priority run, neither for a slot of the vLLM pool (the cluster policy: the deployment has the
+1-slot ``olmocr_vllm_high`` pool compose's init creates, and weights by class) nor in the server's
+queue (the connection's ``scheduling_policy`` is ``priority``, as the stand-in runs).
 
 Scaled down from the bench's scenario (``bench/priority.py``: ~1,000 pages) so the tier stays lean: a
 low-priority run of 400 pages in 20 convert instances that keeps the server (8 x 0.5 s) and both pool
@@ -20,7 +21,7 @@ import pytest
 from olmocr_tasks.inference.priority import AIRFLOW_WEIGHT, HIGH, LOW, VLLM_PRIORITY
 from olmocr_tasks.run.batching import DEFAULT_BYTES_PER_PAGE
 from olmocr_tasks.testing.bucket import Bucket
-from olmocr_tasks.testing.cluster import POOL, Deployment, wait_until
+from olmocr_tasks.testing.cluster import HIGH_PRIORITY_POOL, POOL, Deployment, wait_until
 from tests.deployment.published import converted
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(900)]
@@ -134,7 +135,10 @@ def test_documents_run_overtakes_a_saturating_low_priority_run(
         if ti["queued_when"] is not None and _at(ti["queued_when"]) < _at(urgent["queued_when"])
     ]
     assert queued_first == []
+    # Every slot of the convert pool was held when it was placed: it took the reserved one.
+    assert urgent["pool"] == HIGH_PRIORITY_POOL
     assert urgent["priority_weight"] == AIRFLOW_WEIGHT[HIGH]
+    assert {ti["pool"] for ti in big_converts} == {POOL}
     assert {ti["priority_weight"] for ti in big_converts} == {AIRFLOW_WEIGHT[LOW]}
     # 2. Every page request carried its run's class to the server's queue, and the urgent page started
     #    before any low-priority request already waiting when it arrived (first come, first served would

@@ -14,7 +14,7 @@ from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.inference.client import InferenceClient
 from olmocr_tasks.inference.priority import AIRFLOW_WEIGHT, HIGH, LOW, NORMAL, VLLM_PRIORITY, run_class, with_priority
 from olmocr_tasks.page.protocol import RequestBodyBuilder
-from olmocr_tasks.provider.policy import task_instance_mutation_hook
+from olmocr_tasks.provider.policy import convert_placement, task_instance_mutation_hook
 from tests.fixtures.standin import StandinServer, marked_png
 
 
@@ -109,12 +109,43 @@ def test_cluster_policy_weighs_convert_instances_by_class(
     assert AIRFLOW_WEIGHT[HIGH] > AIRFLOW_WEIGHT[NORMAL] > AIRFLOW_WEIGHT[LOW]
 
 
+class _Pools:
+    """The deployment's pools as the policy asks about them: which exist with slots, which have one free."""
+
+    def __init__(self, reserved: bool, free: set[str]) -> None:
+        self.reserved, self.free, self.asked = reserved, free, []
+
+    def reserved_open(self, name: str) -> bool:
+        self.asked.append(("reserved", name))
+        return self.reserved
+
+    def has_free_slot(self, name: str) -> bool:
+        self.asked.append(("free", name))
+        return name in self.free
+
+
 def test_cluster_policy_reserved_pool_and_what_it_leaves_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OLMOCR_HIGH_PRIORITY_POOL", "olmocr_vllm_high")
-    high, low = _convert_ti(), _convert_ti()
-    task_instance_mutation_hook(high, SimpleNamespace(run_type="manual", conf={"documents": ["a.pdf"]}))
-    task_instance_mutation_hook(low, SimpleNamespace(run_type="backfill", conf={}))
-    assert (high.pool, low.pool) == ("olmocr_vllm_high", "olmocr_vllm")
+    monkeypatch.delenv("OLMOCR_HIGH_PRIORITY_POOL", raising=False)
+    high_run = SimpleNamespace(run_type="manual", conf={"documents": ["a.pdf"]})
+    low_run = SimpleNamespace(run_type="backfill", conf={})
+    full = _Pools(reserved=True, free=set())
+    # Every convert slot held: the reserved pool (the convert pool's name + "_high" by default).
+    assert convert_placement(_convert_ti(), high_run, full) == (AIRFLOW_WEIGHT[HIGH], "olmocr_vllm_high")
+    assert convert_placement(_convert_ti(), low_run, full) == (AIRFLOW_WEIGHT[LOW], "olmocr_vllm")
+    assert full.asked == [("reserved", "olmocr_vllm_high"), ("free", "olmocr_vllm")]  # only for the high run
+    # A free convert slot: take it, the reserve stays for the next high run.
+    free = _Pools(reserved=True, free={"olmocr_vllm"})
+    assert convert_placement(_convert_ti(), high_run, free) == (AIRFLOW_WEIGHT[HIGH], "olmocr_vllm")
+    # No reserved pool (or 0 slots): high runs wait in the convert pool, first in its queue, never stranded.
+    none = _Pools(reserved=False, free=set())
+    assert convert_placement(_convert_ti(), high_run, none) == (AIRFLOW_WEIGHT[HIGH], "olmocr_vllm")
+    # A retried instance already in the reserved pool is still ours; the setting renames the pool.
+    monkeypatch.setenv("OLMOCR_HIGH_PRIORITY_POOL", "urgent_ocr")
+    assert convert_placement(_convert_ti(pool="urgent_ocr"), high_run, full) == (AIRFLOW_WEIGHT[HIGH], "urgent_ocr")
+    # Through the hook, a run attached to no database session cannot show the pool exists: convert pool.
+    through_hook = _convert_ti()
+    task_instance_mutation_hook(through_hook, high_run)
+    assert through_hook.pool == "olmocr_vllm"
     # Other tasks, instances not bound to a run yet and bad Params are left as they are.
     for ti, run in (
         (_convert_ti(task_id="plan"), SimpleNamespace(run_type="backfill", conf={})),

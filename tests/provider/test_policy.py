@@ -1,0 +1,94 @@
+"""The cluster policy's look at the reserved high-priority pool, against a real Airflow metadata DB.
+
+``provider.policy`` routes a high-priority convert instance to ``olmocr_vllm_high`` only while that pool
+exists with slots, read through the session the scheduler's ``dag_run`` is attached to; the placement
+rules themselves are tested in ``tests/inference/test_priority.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import create_engine, delete, insert
+from sqlalchemy.orm import Session
+
+from olmocr_tasks.provider import policy
+from olmocr_tasks.testing.airflow_env import AirflowEnv
+
+POOL, RESERVED = "olmocr_vllm", "olmocr_vllm_high"
+
+
+@pytest.fixture
+def session(airflow_home: AirflowEnv) -> Iterator[Session]:
+    """A session on the tests' migrated SQLite metadata DB; everything it did is rolled back."""
+    engine = create_engine(f"sqlite:///{airflow_home.home / 'airflow.db'}")
+    with Session(engine) as opened:
+        yield opened
+        opened.rollback()
+    engine.dispose()
+
+
+def _set_pool(session: Session, slots: int | None, name: str = RESERVED) -> None:
+    """Create, change or (None) drop a pool's row, as an admin would, in this transaction.
+
+    Without flushing the pending run: what the scheduler is creating stays pending throughout."""
+    from airflow.models.pool import Pool
+
+    with session.no_autoflush:
+        session.execute(delete(Pool).where(Pool.pool == name))
+        if slots is not None:
+            session.execute(insert(Pool).values(pool=name, slots=slots, description=name, include_deferred=False))
+
+
+def _pending_run(session: Session) -> object:
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.types import DagRunType
+
+    run = DagRun(dag_id="olmocr_ingest", run_id="manual__policy", run_type=DagRunType.MANUAL, conf={})
+    session.add(run)
+    return run
+
+
+def test_reserved_pool_is_read_through_the_runs_session_and_rechecked_after_the_interval(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(policy, "_pool_checks", {})
+    clock = [1000.0]
+    run = _pending_run(session)
+
+    def is_open() -> bool:
+        return policy.SessionPools(run, now=lambda: clock[0]).reserved_open(RESERVED)
+
+    assert not is_open()  # no such pool: shared pool
+    _set_pool(session, 1)
+    assert not is_open()  # what was read holds for the interval...
+    clock[0] += policy.POOL_CHECK_INTERVAL_S
+    assert is_open()  # ...then the pool is read again
+    for slots, expected in ((0, False), (-1, True), (None, False)):  # 0 would strand it; -1 is unlimited
+        _set_pool(session, slots)
+        clock[0] += policy.POOL_CHECK_INTERVAL_S
+        assert is_open() is expected, slots
+    assert run in session.new  # the scheduler's pending rows were never flushed by the reads
+
+
+def test_the_hook_uses_the_reserve_only_while_the_convert_pool_is_full(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(policy, "_pool_checks", {})
+    monkeypatch.delenv("OLMOCR_HIGH_PRIORITY_POOL", raising=False)
+    _set_pool(session, 1)
+    run = _pending_run(session)
+    run.conf = {"documents": ["s3://in/a.pdf"]}
+
+    def placed() -> str:
+        ti = SimpleNamespace(dag_id="olmocr_ingest", task_id="convert", pool=POOL, priority_weight=1)
+        policy.task_instance_mutation_hook(ti, run)
+        return str(ti.pool)
+
+    assert placed() == POOL  # the convert pool has free slots (nothing runs): take one
+    _set_pool(session, 0, name=POOL)  # no slot free in it (Airflow counts running and queued against slots)
+    assert placed() == RESERVED
+    assert run in session.new
