@@ -20,7 +20,8 @@ A run's Param ``priority_class`` overrides the choice. The class is carried:
 * to the plan: a low-priority run is cut into more, shorter convert instances
   (``batching.LOW_CLASS_MIN_WAVES``), so the pool's slots turn over often and the weight above
   takes effect within seconds;
-* to the host: a low-priority run's render workers run niced (``RENDER_NICE``).
+* to the host: a low-priority run's convert instances run niced, their render workers with them
+  (``RENDER_NICE``; in Airflow the whole task process, ``provider.tasks.give_way``).
 
 Pure: no Airflow, no I/O.
 """

@@ -14,7 +14,9 @@ task from the ``aws_default`` connection and never leave process memory.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from airflow.sdk import Asset, AssetAlias
@@ -35,6 +37,7 @@ from olmocr_tasks.provider.run_requests import (
 from olmocr_tasks.run.pipeline import convert_batch, convert_time_limit
 from olmocr_tasks.run.planning import plan_batches
 from olmocr_tasks.run.publishing import publish_run
+from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.run.s3_events import documents_from_asset_events
 from olmocr_tasks.storage.access import check_run_allowed
 
@@ -91,6 +94,7 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
         request = build_request(context)
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
+    request = give_way(request)
     sources = request.run_folder(storage_for([request.output_uri]), batch["plan"]).read_batch(batch["batch"])
     storage = storage_for([request.input_uri, request.output_uri, *(source.uri for source in sources)])
     try:
@@ -114,6 +118,26 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
     log.info("batch %s (%s): %s", batch["batch"], batch.get("label"), summary)
     emit_metrics(summary)
     return summary
+
+
+# Whether this process already lowered its priority (``airflow dags test`` runs every task in one).
+_gave_way = False
+
+
+def give_way(request: RunRequest) -> RunRequest:
+    """A low-priority convert instance runs its whole task process niced (``render_nice``; its render
+    workers inherit it), not only the render workers: the instance's own work (requests, outputs,
+    ledger) also competes with an urgent run's tasks on a shared worker host. Airflow forks a process
+    per task attempt, so the niceness ends with the attempt; returns the request with nothing left for
+    the engine to add."""
+    global _gave_way
+    nice = request.settings.render_nice
+    if nice <= 0:
+        return request
+    if not _gave_way:
+        os.nice(nice)
+        _gave_way = True
+    return replace(request, settings=replace(request.settings, render_nice=0))
 
 
 def limit_convert_time(context: Mapping[str, Any]) -> None:

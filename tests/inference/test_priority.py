@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import multiprocessing
+import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -211,3 +214,27 @@ def test_a_low_priority_run_is_planned_short_and_renders_niced(monkeypatch: pyte
     monkeypatch.setenv("OLMOCR_LOW_PRIORITY_NICE", "25")
     with pytest.raises(ConfigurationError, match="OLMOCR_LOW_PRIORITY_NICE"):
         render_nice(LOW)
+
+
+def _niceness_after_giving_way(render_nice: int) -> tuple[int, int, int]:
+    from olmocr_tasks.core.config import ConversionSettings
+    from olmocr_tasks.provider.tasks import give_way
+    from olmocr_tasks.run.request import RunRequest
+
+    before = os.nice(0)
+    request = RunRequest(
+        input_uri="/in", output_uri="/out", run_id="r", settings=ConversionSettings(render_nice=render_nice)
+    )
+    for _ in range(2):  # a second instance in the same process (airflow dags test) adds nothing more
+        request = give_way(request)
+    return before, os.nice(0), request.settings.render_nice
+
+
+@pytest.mark.parametrize("render_nice", [0, 7])
+def test_a_low_priority_convert_instance_runs_its_whole_process_niced(render_nice: int) -> None:
+    """Its own process as well as its render workers (which inherit it): measured in a forked process,
+    as Airflow forks one per task attempt, so the test process keeps its niceness."""
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+        before, after, left_for_engine = pool.submit(_niceness_after_giving_way, render_nice).result()
+    assert after == min(before + render_nice, 19)
+    assert left_for_engine == 0
