@@ -203,6 +203,12 @@ def test_ui_login_and_the_ocr_runs_page(stack: Stack, run: dict[str, Any], tmp_p
         assert run_id in page.content()
 
 
+def test_init_created_the_convert_pool_and_the_one_reserved_for_high_priority_runs(api: AirflowApi) -> None:
+    pools = {pool["name"]: pool["slots"] for pool in api.ok("GET", "/api/v2/pools")["pools"]}
+    # The stack's OLMOCR_VLLM_POOL_SLOTS (2, stack.py) and compose.yaml's default reserve of 1.
+    assert (pools.get("olmocr_vllm"), pools.get("olmocr_vllm_high")) == (2, 1), pools
+
+
 def test_the_api_refuses_a_wrong_password(stack: Stack) -> None:
     response = httpx.post(f"{stack.api_url}/auth/token", json={"username": "admin", "password": "wrong"}, timeout=60)
 
