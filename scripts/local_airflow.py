@@ -46,6 +46,8 @@ def airflow_env(vllm_url: str | None = None, model: str | None = None) -> dict[s
             # Small machines: a few worker processes are plenty for one GPU-less engine.
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__API__HOST": "127.0.0.1",
+            # A worker slot is not held ~5 s past each task's end (see docker/compose.yaml).
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
             "OLMOCR_INPUT_URI": input_uri(),
             "OLMOCR_OUTPUT_URI": output_uri(),
             "PATH": os.pathsep.join([str(BIN_DIR), os.environ.get("PATH", "")]),

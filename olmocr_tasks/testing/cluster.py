@@ -462,6 +462,11 @@ class AirflowCluster:
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.log_dir / "tasks"),
             # The triggerer serves its log on a port; two deployments on one machine must not share it.
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self._ports["trigger_logs"]),
+            # The task supervisor looks for its task's exit after the task's last socket closes, and when
+            # it looks a moment too early it sleeps this long (Airflow's default 5 s) holding the worker
+            # slot: a one-page run's short tasks each kept theirs ~5 s past their end (bench/README Run 14).
+            # 1 s bounds that, for one heartbeat per running task per second (as docker/compose.yaml).
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
             # A lost worker's task instance is failed (and retried) after this long without heartbeats.
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
