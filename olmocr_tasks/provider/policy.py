@@ -27,12 +27,13 @@ conversion DAGs (``OLMOCR_POLICY_DAGS``, default ``olmocr_ingest,olmocr_s3_event
 named ``convert`` is someone else's), and only while its pool is ours. The hook runs inside the
 scheduler's transaction: it reads the ``dag_run`` it is given and, for high-priority instances only,
 the pools through that run's own session (no second connection, no flush of what the scheduler is
-creating): whether the reserved pool exists at most once per ``POOL_CHECK_INTERVAL_S`` per process,
-and the convert pool's free slots.
+creating): the reserved pool's slots at most once per ``POOL_CHECK_INTERVAL_S`` per process, and the
+convert pool's free slots.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -51,8 +52,8 @@ DEFAULT_POLICY_DAGS = ("olmocr_ingest", "olmocr_s3_events")
 class PoolView(Protocol):
     """What the policy asks of the deployment's pools when it places a high-priority instance."""
 
-    def reserved_open(self, name: str) -> bool:
-        """Whether pool ``name`` exists with slots."""
+    def reserved_slots(self, name: str) -> float:
+        """Slots of pool ``name`` (0 when it does not exist, infinite for Airflow's unlimited -1)."""
 
     def has_free_slot(self, name: str) -> bool:
         """Whether pool ``name`` has a slot no running or queued instance holds, now."""
@@ -63,7 +64,9 @@ def convert_placement(ti: Any, dag_run: Any, pools: PoolView) -> tuple[int, str]
 
     A high-priority instance takes a free slot of the shared pool when there is one (the reserve stays
     for the next), else the reserved pool while it exists with slots; otherwise it waits in the shared
-    pool, first in its queue."""
+    pool, first in its queue. Only a run's first instances, as many as the reserve has slots, go to the
+    reserve: a big high-priority run (a burst of uploads) queues the rest first in the shared pool,
+    where they take each slot a backfill instance frees, rather than all waiting for the reserve."""
     shared, reserved = _pool(), _high_priority_pool()
     if dag_run is None or ti.task_id != CONVERT_TASK_ID or ti.pool not in (shared, reserved):
         return None
@@ -74,7 +77,11 @@ def convert_placement(ti: Any, dag_run: Any, pools: PoolView) -> tuple[int, str]
     except ConfigurationError:
         return None  # plan fails such a run with the message; the scheduler must not
     pool = shared
-    if priority_class == HIGH and pools.reserved_open(reserved) and not pools.has_free_slot(shared):
+    if (
+        priority_class == HIGH
+        and getattr(ti, "map_index", -1) < pools.reserved_slots(reserved)
+        and not pools.has_free_slot(shared)
+    ):
         pool = reserved
     return AIRFLOW_WEIGHT[priority_class], pool
 
@@ -88,10 +95,10 @@ def task_instance_mutation_hook(task_instance: Any, dag_run: Any = None) -> None
     task_instance.priority_weight, task_instance.pool = placement
 
 
-# How long a process trusts what it read of the reserved pool's existence: a pool created or removed
+# How long a process trusts what it read of the reserved pool's slots: a pool created or removed
 # takes effect within this, and a run expanding into many instances reads the pool row once.
 POOL_CHECK_INTERVAL_S = 30.0
-_pool_checks: dict[str, tuple[float, bool]] = {}
+_pool_checks: dict[str, tuple[float, float]] = {}
 
 
 class SessionPools:
@@ -104,17 +111,16 @@ class SessionPools:
         self._dag_run = dag_run
         self._now = now
 
-    def reserved_open(self, name: str) -> bool:
+    def reserved_slots(self, name: str) -> float:
         checked = _pool_checks.get(name)
         if checked is not None and self._now() - checked[0] < POOL_CHECK_INTERVAL_S:
             return checked[1]
         pool = self._read(name, lambda session, pool: pool)
         if pool is _UNREAD:
-            return False
-        # -1 is Airflow's unlimited; 0 slots would strand the instance.
-        is_open = pool is not None and pool.slots != 0
-        _pool_checks[name] = (self._now(), is_open)
-        return is_open
+            return 0
+        slots = 0.0 if pool is None else math.inf if pool.slots == -1 else max(0.0, float(pool.slots))
+        _pool_checks[name] = (self._now(), slots)
+        return slots
 
     def has_free_slot(self, name: str) -> bool:
         free = self._read(name, lambda session, pool: pool is not None and pool.open_slots(session=session) > 0)

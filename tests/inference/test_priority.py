@@ -87,8 +87,10 @@ def test_unknown_scheduling_policy_is_a_configuration_error() -> None:
         InferenceClient(ServerSettings(scheduling_policy="lottery"))
 
 
-def _convert_ti(pool: str = "olmocr_vllm", task_id: str = "convert", dag_id: str = "olmocr_ingest") -> SimpleNamespace:
-    return SimpleNamespace(dag_id=dag_id, task_id=task_id, pool=pool, priority_weight=1)
+def _convert_ti(
+    pool: str = "olmocr_vllm", task_id: str = "convert", dag_id: str = "olmocr_ingest", map_index: int = 0
+) -> SimpleNamespace:
+    return SimpleNamespace(dag_id=dag_id, task_id=task_id, pool=pool, priority_weight=1, map_index=map_index)
 
 
 @pytest.mark.parametrize(
@@ -115,10 +117,10 @@ def test_cluster_policy_weighs_convert_instances_by_class(
 class _Pools:
     """The deployment's pools as the policy asks about them: which exist with slots, which have one free."""
 
-    def __init__(self, reserved: bool, free: set[str]) -> None:
+    def __init__(self, reserved: int, free: set[str]) -> None:
         self.reserved, self.free, self.asked = reserved, free, []
 
-    def reserved_open(self, name: str) -> bool:
+    def reserved_slots(self, name: str) -> float:
         self.asked.append(("reserved", name))
         return self.reserved
 
@@ -131,16 +133,23 @@ def test_cluster_policy_reserved_pool_and_what_it_leaves_alone(monkeypatch: pyte
     monkeypatch.delenv("OLMOCR_HIGH_PRIORITY_POOL", raising=False)
     high_run = SimpleNamespace(run_type="manual", conf={"documents": ["a.pdf"]})
     low_run = SimpleNamespace(run_type="backfill", conf={})
-    full = _Pools(reserved=True, free=set())
+    full = _Pools(reserved=1, free=set())
     # Every convert slot held: the reserved pool (the convert pool's name + "_high" by default).
     assert convert_placement(_convert_ti(), high_run, full) == (AIRFLOW_WEIGHT[HIGH], "olmocr_vllm_high")
     assert convert_placement(_convert_ti(), low_run, full) == (AIRFLOW_WEIGHT[LOW], "olmocr_vllm")
     assert full.asked == [("reserved", "olmocr_vllm_high"), ("free", "olmocr_vllm")]  # only for the high run
+    # A big high run: its first instance (as many as the reserve has slots) there, the rest first in the
+    # convert pool's queue, where each slot a backfill instance frees is theirs.
+    assert [convert_placement(_convert_ti(map_index=index), high_run, full)[1] for index in range(3)] == [
+        "olmocr_vllm_high",
+        "olmocr_vllm",
+        "olmocr_vllm",
+    ]
     # A free convert slot: take it, the reserve stays for the next high run.
-    free = _Pools(reserved=True, free={"olmocr_vllm"})
+    free = _Pools(reserved=1, free={"olmocr_vllm"})
     assert convert_placement(_convert_ti(), high_run, free) == (AIRFLOW_WEIGHT[HIGH], "olmocr_vllm")
     # No reserved pool (or 0 slots): high runs wait in the convert pool, first in its queue, never stranded.
-    none = _Pools(reserved=False, free=set())
+    none = _Pools(reserved=0, free=set())
     assert convert_placement(_convert_ti(), high_run, none) == (AIRFLOW_WEIGHT[HIGH], "olmocr_vllm")
     # A retried instance already in the reserved pool is still ours; the setting renames the pool.
     monkeypatch.setenv("OLMOCR_HIGH_PRIORITY_POOL", "urgent_ocr")

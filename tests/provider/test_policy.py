@@ -7,6 +7,7 @@ rules themselves are tested in ``tests/inference/test_priority.py``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -57,18 +58,18 @@ def test_reserved_pool_is_read_through_the_runs_session_and_rechecked_after_the_
     clock = [1000.0]
     run = _pending_run(session)
 
-    def is_open() -> bool:
-        return policy.SessionPools(run, now=lambda: clock[0]).reserved_open(RESERVED)
+    def slots() -> float:
+        return policy.SessionPools(run, now=lambda: clock[0]).reserved_slots(RESERVED)
 
-    assert not is_open()  # no such pool: shared pool
-    _set_pool(session, 1)
-    assert not is_open()  # what was read holds for the interval...
+    assert slots() == 0  # no such pool: no reserve
+    _set_pool(session, 2)
+    assert slots() == 0  # what was read holds for the interval...
     clock[0] += policy.POOL_CHECK_INTERVAL_S
-    assert is_open()  # ...then the pool is read again
-    for slots, expected in ((0, False), (-1, True), (None, False)):  # 0 would strand it; -1 is unlimited
-        _set_pool(session, slots)
+    assert slots() == 2  # ...then the pool is read again
+    for value, expected in ((0, 0), (-1, math.inf), (None, 0)):  # 0: no reserve; -1 is Airflow's unlimited
+        _set_pool(session, value)
         clock[0] += policy.POOL_CHECK_INTERVAL_S
-        assert is_open() is expected, slots
+        assert slots() == expected, value
     assert run in session.new  # the scheduler's pending rows were never flushed by the reads
 
 
@@ -84,7 +85,7 @@ def test_the_hook_uses_the_reserve_only_while_the_convert_pool_is_full(
     run.conf = {"documents": ["s3://in/a.pdf"]}
 
     def placed() -> str:
-        ti = SimpleNamespace(dag_id="olmocr_ingest", task_id="convert", pool=POOL, priority_weight=1)
+        ti = SimpleNamespace(dag_id="olmocr_ingest", task_id="convert", pool=POOL, priority_weight=1, map_index=0)
         policy.task_instance_mutation_hook(ti, run)
         return str(ti.pool)
 
