@@ -104,8 +104,7 @@ _pool_checks: dict[str, tuple[float, float]] = {}
 class SessionPools:
     """The pools as the session ``dag_run`` is attached to sees them (the scheduler's own transaction:
     no second connection, and reads never flush the instances it is creating). A run attached to no
-    session, or a failed read, answers "no reserve": a reserved pool that is not there must never
-    strand an instance."""
+    session answers "no reserve": a reserved pool that cannot be seen must never strand an instance."""
 
     def __init__(self, dag_run: Any, now: Callable[[], float] = time.monotonic) -> None:
         self._dag_run = dag_run
@@ -129,7 +128,6 @@ class SessionPools:
     def _read(self, name: str, question: Callable[[Any, Any], Any]) -> Any:
         from airflow.models.pool import Pool
         from sqlalchemy import select
-        from sqlalchemy.exc import SQLAlchemyError
         from sqlalchemy.orm import object_session
         from sqlalchemy.orm.exc import UnmappedInstanceError
 
@@ -139,12 +137,11 @@ class SessionPools:
             return _UNREAD
         if session is None:
             return _UNREAD
-        try:
-            with session.no_autoflush:
-                pool = session.scalar(select(Pool).where(Pool.pool == name))
-                return question(session, pool)
-        except SQLAlchemyError:
-            return _UNREAD
+        # A failed read is not swallowed: in PostgreSQL it aborts the scheduler's transaction, which the
+        # scheduler then rolls back and retries as a whole.
+        with session.no_autoflush:
+            pool = session.scalar(select(Pool).where(Pool.pool == name))
+            return question(session, pool)
 
 
 _UNREAD = object()
