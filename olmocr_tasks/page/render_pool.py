@@ -105,8 +105,10 @@ class RenderPool:
     ) -> None:
         """``nice``: added to the workers' niceness (0 leaves it). Rendering is nearly all of a
         conversion's CPU, so a low-priority run whose workers are niced gives way, on a shared host,
-        to the Airflow tasks of a high-priority run and to the Airflow components themselves; the
-        converting process keeps its own niceness, as an Airflow task runner may run other tasks later.
+        to the Airflow tasks of a high-priority run and to the Airflow components themselves. The pool
+        never changes its own process's niceness (it may run inside a process with other work to do);
+        an Airflow convert task, one forked process per attempt, nices itself and passes 0 here
+        (``provider.tasks.give_way``).
 
         ``worker_main``: what each worker process runs (``render_worker.worker_main``); the seam for
         tests that need a worker which hangs or dies on demand."""
