@@ -114,37 +114,40 @@ class SessionPools:
         checked = _pool_checks.get(name)
         if checked is not None and self._now() - checked[0] < POOL_CHECK_INTERVAL_S:
             return checked[1]
-        pool = self._read(name, lambda session, pool: pool)
-        if pool is _UNREAD:
+        session = self._session()
+        if session is None:
             return 0
+        with session.no_autoflush:
+            pool = _pool_row(session, name)
         slots = 0.0 if pool is None else math.inf if pool.slots == -1 else max(0.0, float(pool.slots))
         _pool_checks[name] = (self._now(), slots)
         return slots
 
     def has_free_slot(self, name: str) -> bool:
-        free = self._read(name, lambda session, pool: pool is not None and pool.open_slots(session=session) > 0)
-        return free is True
+        session = self._session()
+        if session is None:
+            return False
+        with session.no_autoflush:
+            pool = _pool_row(session, name)
+            return pool is not None and pool.open_slots(session=session) > 0
 
-    def _read(self, name: str, question: Callable[[Any, Any], Any]) -> Any:
-        from airflow.models.pool import Pool
-        from sqlalchemy import select
+    def _session(self) -> Any:
         from sqlalchemy.orm import object_session
         from sqlalchemy.orm.exc import UnmappedInstanceError
 
         try:
-            session = object_session(self._dag_run)
+            return object_session(self._dag_run)
         except UnmappedInstanceError:
-            return _UNREAD
-        if session is None:
-            return _UNREAD
-        # A failed read is not swallowed: in PostgreSQL it aborts the scheduler's transaction, which the
-        # scheduler then rolls back and retries as a whole.
-        with session.no_autoflush:
-            pool = session.scalar(select(Pool).where(Pool.pool == name))
-            return question(session, pool)
+            return None
 
 
-_UNREAD = object()
+def _pool_row(session: Any, name: str) -> Any:
+    # A failed read is not swallowed: in PostgreSQL it aborts the scheduler's transaction, which the
+    # scheduler then rolls back and retries as a whole.
+    from airflow.models.pool import Pool
+    from sqlalchemy import select
+
+    return session.scalar(select(Pool).where(Pool.pool == name))
 
 
 def policy_dags() -> frozenset[str]:
