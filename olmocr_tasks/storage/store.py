@@ -25,6 +25,7 @@ S3 error code and are scrubbed of the configured credentials. An invalid URI is 
 from __future__ import annotations
 
 import copy
+import io
 import logging
 import os
 import threading
@@ -42,16 +43,25 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from olmocr_tasks.core.errors import StorageError, UnreadableSourceError
+from olmocr_tasks.core.errors import OlmocrTasksError, StorageError, UnreadableSourceError
 from olmocr_tasks.core.redaction import environment_secrets, redact_text, redact_url, redact_urls, secret_values
-from olmocr_tasks.storage.backends import TEMP_SUFFIX, Backend, ObjectInfo
+from olmocr_tasks.storage.backends import TEMP_SUFFIX, Backend, ObjectBody, ObjectInfo
 from olmocr_tasks.storage.backends.failures import classify, is_transient, server_message
 from olmocr_tasks.storage.backends.local import LocalBackend
 from olmocr_tasks.storage.backends.s3 import S3Backend
 from olmocr_tasks.storage.uri import is_s3
 
 # ObjectInfo and TEMP_SUFFIX are part of this API: listings return the one and skip the other.
-__all__ = ["REQUEST_KINDS", "TEMP_SUFFIX", "ObjectInfo", "RequestCounter", "RetryPolicy", "Storage"]
+__all__ = [
+    "REQUEST_KINDS",
+    "TEMP_SUFFIX",
+    "ObjectInfo",
+    "ObjectReader",
+    "ReadLimitExceeded",
+    "RequestCounter",
+    "RetryPolicy",
+    "Storage",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +73,12 @@ _SOURCE_OPS = frozenset({"read", "download", "stat"})
 REQUEST_KINDS = ("read", "write", "create", "delete", "list", "stat")
 _KIND_OF_OP = {"read": "read", "download": "read", "write": "write", "create": "create"}
 _KIND_OF_OP |= {"delete": "delete", "list": "list", "stat": "stat"}
+# What ``ObjectReader.read()`` without a size asks its body for at a time.
+_READ_ALL_CHUNK = 1024 * 1024
+
+
+class ReadLimitExceeded(OlmocrTasksError):
+    """An object read through ``Storage.open_read`` holds more bytes than its reader allowed."""
 
 
 class RequestCounter:
@@ -182,6 +198,24 @@ class Storage:
                 return None
             raise
 
+    def open_read(self, uri: str, *, max_bytes: int) -> ObjectReader:
+        """The object as a stream (one GET, read a chunk at a time): never whole in memory.
+
+        Missing or forbidden → ``UnreadableSourceError`` here, before any byte is read. Reading more than
+        ``max_bytes`` raises ``ReadLimitExceeded`` (at most one byte past the bound is ever read). A
+        read that breaks off on S3 resumes where it stopped (a ranged GET of the same version).
+        """
+        return ObjectReader(self, uri, max_bytes)
+
+    def open_read_or_none(self, uri: str, *, max_bytes: int) -> ObjectReader | None:
+        """``open_read``, or None if the object does not exist (for optional files)."""
+        try:
+            return self.open_read(uri, max_bytes=max_bytes)
+        except UnreadableSourceError as exc:
+            if getattr(exc, "storage_failure", None) == "not_found":
+                return None
+            raise
+
     def download(self, uri: str, local_file: str | os.PathLike[str]) -> None:
         """Stream an object to a local file (never whole in memory); the file appears complete or not at all."""
         target = os.fspath(local_file)
@@ -244,6 +278,10 @@ class Storage:
             pages.close()
 
     # ----------------------------------------------------------------------------- internals
+
+    def _open_body(self, backend: Backend, uri: str, start: int, etag: str | None) -> ObjectBody:
+        """One GET (a read request, retried and translated like ``read_bytes``) from byte ``start``."""
+        return self._call(backend, "read", uri, lambda: backend.open(uri, start, etag))
 
     def _backend(self, uri: str) -> Backend:
         return self._s3 if is_s3(uri) else self._local
@@ -316,3 +354,80 @@ class Storage:
     def _scrub(self, text: str) -> str:
         known: list[str | None] = [*secret_values(self._options), *environment_secrets()]
         return redact_urls(redact_text(text, known))
+
+
+class ObjectReader(io.RawIOBase):
+    """One object read as a binary stream (``Storage.open_read``), bounded to ``max_bytes``.
+
+    Each ``read(size)`` asks the backend for at most ``size`` bytes. A transient failure part-way
+    (a dropped connection, a read timeout) reopens the object where the read stopped, the same version
+    (``If-Match`` its ETag), up to the retry policy's attempts; botocore cannot retry a body that broke
+    off, and re-reading from the start would hand the caller its bytes twice.
+    """
+
+    def __init__(self, storage: Storage, uri: str, max_bytes: int) -> None:
+        super().__init__()
+        self.uri = uri
+        self.max_bytes = max_bytes
+        self._storage = storage
+        self._backend = storage._backend(uri)
+        self._offset = 0
+        # Set before the GET: a failed open still closes (``IOBase.__del__``) without a body.
+        self._body: ObjectBody | None = None
+        self._body = storage._open_body(self._backend, uri, 0, None)
+        self._etag = self._body.etag
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        self._checkClosed()  # type: ignore[attr-defined]
+        # One byte past the bound is enough to know the object is larger.
+        data = self._chunk(min(size, self.max_bytes + 1 - self._offset)) if size else b""
+        self._offset += len(data)
+        if self._offset > self.max_bytes:
+            raise ReadLimitExceeded(f"{self.uri} holds more than {self.max_bytes:,} bytes")
+        return data
+
+    def readall(self) -> bytes:
+        chunks = []
+        while chunk := self.read(_READ_ALL_CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        self._drop_body()
+        super().close()
+
+    def _chunk(self, size: int) -> bytes:
+        storage, backend = self._storage, self._backend
+        resumes = 0
+        while True:
+            if self._body is None:
+                self._body = storage._open_body(backend, self.uri, self._offset, self._etag)
+            try:
+                return self._body.read(size)
+            except backend.failure_types as exc:
+                self._drop_body()
+                retry = backend.retries_transient_failures and is_transient(exc)
+                if not retry or resumes + 1 >= max(1, storage.retry.max_attempts):
+                    raise storage._translate("read", self.uri, exc) from None
+                resumes += 1
+                logger.warning(
+                    "read %s broke off at byte %d (%s), resuming there", self.uri, self._offset, classify(exc).code
+                )
+
+    def _drop_body(self) -> None:
+        body, self._body = self._body, None
+        if body is not None:
+            try:
+                body.close()
+            except Exception:  # a broken connection may fail to close; it is dropped either way
+                logger.debug("closing %s failed", self.uri, exc_info=True)

@@ -19,7 +19,7 @@ import pytest
 
 from olmocr_tasks.core.errors import StorageError, UnreadableSourceError
 from olmocr_tasks.storage.backends.s3 import storage_options_from_env
-from olmocr_tasks.storage.store import TEMP_SUFFIX, ObjectInfo, RetryPolicy, Storage
+from olmocr_tasks.storage.store import TEMP_SUFFIX, ObjectInfo, ReadLimitExceeded, RetryPolicy, Storage
 from olmocr_tasks.storage.uri import is_s3, join_uri, local_path, safe_join, safe_relative_key, split_s3
 from tests.fixtures.s3 import FaultProxy
 
@@ -134,6 +134,27 @@ def test_local_round_trip(tmp_path: Path, as_file_uri: bool) -> None:
     assert storage.read_bytes_or_none(uri) is None
     # No temp files left behind by any of it.
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(TEMP_SUFFIX)]
+
+
+def test_local_open_read_streams_within_its_bound(tmp_path: Path) -> None:
+    storage = Storage()
+    uri = str(tmp_path / "obj.bin")
+    payload = os.urandom(300_000)
+    storage.write_bytes_atomic(uri, payload)
+    before = storage.requests.counts()["read"]
+    with storage.open_read(uri, max_bytes=len(payload)) as stream:
+        # Each read returns at most what it asks for: the caller holds one chunk at a time.
+        chunks = iter(lambda: stream.read(65_536), b"")
+        assert [len(chunk) for chunk in chunks] == [65_536] * 4 + [300_000 - 4 * 65_536]
+    assert storage.requests.counts()["read"] - before == 1  # one open is one read request
+    with storage.open_read(uri, max_bytes=len(payload)) as stream:
+        assert stream.read() == payload
+    # One byte past the bound is read, never the rest.
+    with storage.open_read(uri, max_bytes=len(payload) - 1) as stream, pytest.raises(ReadLimitExceeded):
+        stream.read()
+    assert storage.open_read_or_none(str(tmp_path / "missing"), max_bytes=10) is None
+    with pytest.raises(UnreadableSourceError):
+        storage.open_read(str(tmp_path / "missing"), max_bytes=10)
 
 
 def test_local_missing_or_unreadable_source(tmp_path: Path) -> None:
@@ -302,6 +323,41 @@ def test_s3_download_recovers_from_dropped_connections(
     _fast_storage(s3_fault_proxy).download(uri, tmp_path / "big.pdf")
     assert (tmp_path / "big.pdf").read_bytes() == payload
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.pdf"]
+
+
+def test_s3_open_read_streams_and_resumes_a_body_that_broke_off(
+    s3_bucket: str, s3_storage_options: dict[str, Any], s3_fault_proxy: FaultProxy
+) -> None:
+    uri = f"s3://{s3_bucket}/stream.bin"
+    payload = os.urandom(3 * 1024 * 1024)
+    Storage(s3_storage_options).write_bytes_atomic(uri, payload)
+    storage = _fast_storage(s3_fault_proxy)
+    with storage.open_read(uri, max_bytes=len(payload)) as stream:
+        assert len(stream.read(65_536)) <= 65_536
+        assert stream.read(0) == b""
+    assert s3_fault_proxy.count("GET", "stream.bin") == 1 and storage.requests.counts()["read"] == 1
+    assert storage.open_read_or_none(f"s3://{s3_bucket}/missing", max_bytes=10) is None
+    with storage.open_read(uri, max_bytes=1_000_000) as stream, pytest.raises(ReadLimitExceeded, match="1,000,000"):
+        stream.read()
+
+    # Twice the connection closes half-way through the body: each time the read goes on with a ranged
+    # GET of the same version from where it stopped, and the caller sees every byte exactly once.
+    s3_fault_proxy.clear()
+    s3_fault_proxy.add_rule(method="GET", path="stream.bin", action="cut", count=2)
+    with storage.open_read(uri, max_bytes=len(payload)) as stream:
+        assert stream.read() == payload
+    assert s3_fault_proxy.count("GET", "stream.bin", outcome="cut") == 2
+    assert s3_fault_proxy.count("GET", "stream.bin", outcome="forwarded") == 1
+
+    # Replaced between the break and the resume: the read fails rather than mixing two versions.
+    s3_fault_proxy.add_rule(method="GET", path="stream.bin", action="cut", count=1)
+    with storage.open_read(uri, max_bytes=len(payload)) as stream:
+        first = stream.read(1024)
+        Storage(s3_storage_options).write_bytes_atomic(uri, os.urandom(len(payload)))
+        with pytest.raises(StorageError, match="PreconditionFailed"):
+            while stream.read(1024 * 1024):
+                pass
+    assert first == payload[:1024]
 
 
 def test_s3_slow_response_times_out_and_is_retried(

@@ -27,6 +27,17 @@ class ObjectInfo:
     last_modified: datetime  # always timezone-aware UTC
 
 
+class ObjectBody(Protocol):
+    """An object being read from ``start``: ``read(size)`` returns at most ``size`` bytes (b"" at the end)."""
+
+    # The version read (S3 ETag without quotes), so a resumed read asks for the same one; None locally.
+    etag: str | None
+
+    def read(self, size: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 class ListingPages(Protocol):
     """A listing in progress. ``next_page`` may be called again after it raised: it resumes where it was."""
 
@@ -46,6 +57,10 @@ class Backend(Protocol):
     failure_types: tuple[type[BaseException], ...]
 
     def read(self, uri: str) -> bytes: ...
+
+    def open(self, uri: str, start: int, etag: str | None) -> ObjectBody:
+        """The object from byte ``start`` on, streamed; with ``etag``, only that version of it."""
+        ...
 
     def download_into(self, uri: str, temp_path: str) -> None:
         """Copy the object into an existing local file, overwriting it from the start (safe to repeat)."""

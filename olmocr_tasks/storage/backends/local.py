@@ -12,6 +12,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from typing import BinaryIO
 
 from olmocr_tasks.storage.backends import TEMP_SUFFIX, ObjectInfo
 from olmocr_tasks.storage.uri import local_path
@@ -32,6 +33,16 @@ class LocalBackend:
     def read(self, uri: str) -> bytes:
         with open(local_path(uri), "rb") as handle:
             return handle.read()
+
+    def open(self, uri: str, start: int, etag: str | None) -> _LocalBody:
+        # Local reads are not resumed (a disk error is not retried), so there is no version to hold.
+        handle = open(local_path(uri), "rb")  # noqa: SIM115 - closed by the body's close()
+        try:
+            handle.seek(start)
+        except BaseException:
+            handle.close()
+            raise
+        return _LocalBody(handle)
 
     def download_into(self, uri: str, temp_path: str) -> None:
         with open(local_path(uri), "rb") as source, open(temp_path, "wb") as target:
@@ -96,6 +107,21 @@ class LocalBackend:
 
     def list_pages(self, prefix_uri: str) -> _LocalListing:
         return _LocalListing(prefix_uri)
+
+
+class _LocalBody:
+    """An open local file as an ``ObjectBody``."""
+
+    etag = None
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self._handle = handle
+
+    def read(self, size: int) -> bytes:
+        return self._handle.read(size)
+
+    def close(self) -> None:
+        self._handle.close()
 
 
 class _LocalListing:

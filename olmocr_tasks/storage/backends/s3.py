@@ -108,6 +108,25 @@ class S3Backend:
 
         return sync(fs.loop, fetch)
 
+    def open(self, uri: str, start: int, etag: str | None) -> _S3Body:
+        """One GET from byte ``start`` on (a ranged GET when resuming, ``If-Match`` its first ETag),
+        whose body is read a chunk at a time on s3fs's event loop."""
+        from fsspec.asyn import sync
+
+        bucket, key = _object_key(uri)
+        fs = self._s3fs()
+        conditions: dict[str, str] = {}
+        if start:
+            conditions["Range"] = f"bytes={start}-"
+        if etag:
+            conditions["IfMatch"] = f'"{etag}"'
+
+        async def get() -> Any:
+            return await fs._call_s3("get_object", Bucket=bucket, Key=key, **conditions)
+
+        response = sync(fs.loop, get)
+        return _S3Body(fs.loop, response["Body"], _clean_etag(response.get("ETag")))
+
     def download_into(self, uri: str, temp_path: str) -> None:
         bucket, key = _object_key(uri)
         # get_file opens the target with "wb": each attempt rewrites it from the start.
@@ -179,6 +198,34 @@ class S3Backend:
         # A class attribute in s3fs, not a constructor argument.
         fs.retries = s3fs_retries
         return fs
+
+
+class _S3Body:
+    """A GET's streaming body (aiobotocore's, bound to s3fs's loop) read synchronously, a chunk per call."""
+
+    def __init__(self, loop: Any, body: Any, etag: str | None) -> None:
+        self._loop = loop
+        self._body = body
+        self.etag = etag
+
+    def read(self, size: int) -> bytes:
+        from fsspec.asyn import sync
+
+        async def chunk() -> bytes:
+            return await self._body.read(size)
+
+        return sync(self._loop, chunk)
+
+    def close(self) -> None:
+        from fsspec.asyn import sync
+
+        async def close() -> None:
+            # On the loop's own thread: aiohttp's connection is not thread-safe. A body closed before
+            # its end drops its connection instead of returning it to the pool.
+            self._body.close()
+
+        if not self._loop.is_closed():
+            sync(self._loop, close)
 
 
 class _S3Listing:
