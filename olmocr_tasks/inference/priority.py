@@ -17,11 +17,9 @@ A run's Param ``priority_class`` overrides the choice. The class is carried:
   ``scheduling_policy``): vLLM refuses a non-zero ``priority`` under its default ``fcfs``, so with
   ``fcfs`` the field is never sent and request bodies stay byte-identical to olmOCR's;
 * to Airflow, as the convert instances' ``priority_weight`` and pool (``provider.policy``);
-* to the plan: a low-priority run is cut into more, shorter convert instances
-  (``batching.LOW_CLASS_MIN_WAVES``), so the pool's slots turn over often and the weight above
-  takes effect within seconds;
-* to the host: a low-priority run's convert instances run niced, their render workers with them
-  (``RENDER_NICE``; in Airflow the whole task process, ``provider.tasks.give_way``).
+* to the host: a low-priority run's convert instances run niced (``RENDER_NICE``), in Airflow only
+  once another conversion run is active (``provider.competition``: the whole task process and its
+  render workers); alone it runs like any other, and its plan cuts it like any other run.
 
 Pure: no Airflow, no I/O.
 """

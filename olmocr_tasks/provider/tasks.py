@@ -14,8 +14,7 @@ task from the ``aws_default`` connection and never leave process memory.
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -23,8 +22,10 @@ from airflow.sdk import Asset, AssetAlias
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from olmocr_tasks.core.errors import ConfigurationError, ServerMisconfigured
+from olmocr_tasks.core.niceness import nice_process_tree
 from olmocr_tasks.location.manifest import PAGE_COUNT_KEYS, STATUSES
 from olmocr_tasks.location.runs import new_plan_id
+from olmocr_tasks.provider.competition import CompetitionWatch, other_active_runs
 from olmocr_tasks.provider.hooks import storage_for
 from olmocr_tasks.provider.lineage import report_converted, report_published
 from olmocr_tasks.provider.run_requests import (
@@ -94,7 +95,15 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
         request = build_request(context)
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
-    request = give_way(request)
+    request, watch = give_way(request, lambda: other_active_runs(context))
+    try:
+        return _convert(context, request, batch)
+    finally:
+        if watch is not None:
+            watch.stop()
+
+
+def _convert(context: Mapping[str, Any], request: RunRequest, batch: Mapping[str, Any]) -> dict[str, Any]:
     sources = request.run_folder(storage_for([request.output_uri]), batch["plan"]).read_batch(batch["batch"])
     storage = storage_for([request.input_uri, request.output_uri, *(source.uri for source in sources)])
     try:
@@ -124,20 +133,26 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
 _gave_way = False
 
 
-def give_way(request: RunRequest) -> RunRequest:
-    """A low-priority convert instance runs its whole task process niced (``render_nice``; its render
-    workers inherit it), not only the render workers: the instance's own work (requests, outputs,
-    ledger) also competes with an urgent run's tasks on a shared worker host. Airflow forks a process
-    per task attempt, so the niceness ends with the attempt; returns the request with nothing left for
-    the engine to add."""
-    global _gave_way
+def give_way(request: RunRequest, others: Callable[[], int]) -> tuple[RunRequest, CompetitionWatch | None]:
+    """A low-priority convert instance gives way only while others compete: it starts at normal
+    priority and, the first time ``others()`` (other active conversion runs) is above zero, niceness
+    ``render_nice`` is added to its whole task process and its render workers
+    (``provider.competition``), not only the render workers: the instance's own work (requests,
+    outputs, ledger) also competes with an urgent run's tasks on a shared worker host. Airflow forks a
+    process per task attempt, so the niceness ends with the attempt. Returns the request with nothing
+    left for the engine to add, and the started watch (None for other classes); stop it when done."""
     nice = request.settings.render_nice
     if nice <= 0:
-        return request
-    if not _gave_way:
-        os.nice(nice)
-        _gave_way = True
-    return replace(request, settings=replace(request.settings, render_nice=0))
+        return request, None
+
+    def lower_priority() -> None:
+        global _gave_way
+        if not _gave_way:
+            nice_process_tree(nice)
+            _gave_way = True
+
+    watch = CompetitionWatch(others, lower_priority).start()
+    return replace(request, settings=replace(request.settings, render_nice=0)), watch
 
 
 def limit_convert_time(context: Mapping[str, Any]) -> None:

@@ -12,12 +12,14 @@ concurrency):
   ``n = S * max(min_waves, P // (S * min_pages))``, so no instance runs alone after the others
   finished; a small run (``P < S * min_pages``) still spreads over all ``S`` slots, so every worker
   renders;
-* ``min_waves`` (default 1) is raised for low-priority runs (``LOW_CLASS_MIN_WAVES``, ``W``): such a
-  run gets up to ``W`` waves, as many as give each instance at least ``min_pages / W`` pages, so each
-  instance holds a slot for about ``1 / (S * W)`` of the run, slots turn over often, and a high-priority
-  instance, queued first by its weight, gets the next one within seconds rather than after a
-  backfill's long instance (``olmocr_tasks.inference.priority``, README "Priority classes"); a run big enough
-  for ``W`` waves of ``min_pages`` is cut as any other;
+* ``min_waves`` (default 1) cuts a run into at least that many waves (``OLMOCR_LOW_CLASS_WAVES`` for
+  low-priority runs, ``W``): up to ``W`` waves, as many as give each instance at least ``min_pages / W``
+  pages, so slots turn over every ``1 / (S * W)`` of the run. Off by default: each instance pays a fixed
+  cost (its Airflow start-up, its render workers, its readiness check), and on a backfill of one-page
+  documents eight waves cost 0.56x of the CLI's throughput against 0.88x for one (bench/README, issue
+  34), while an urgent run no longer waits for a backfill's instance to end: its first instance takes
+  the reserved ``olmocr_vllm_high`` slot and its requests go first at the server (README "Priority
+  classes"). A deployment without a reserved slot can set it to shorten the longest wait for a slot;
 * each instance's target is ``P / n`` pages: a document of at least that many pages gets its own
   instance, smaller ones are packed in discovery order, each pack cut where its pages come closest to
   the target (or at ``max_documents`` documents);
@@ -46,10 +48,9 @@ from olmocr_tasks.location.documents import SourceDocument
 # pages, i.e. towards more (smaller) instances, which costs start-up time but never starves the server.
 DEFAULT_BYTES_PER_PAGE = 64 * 1024
 DEFAULT_PARALLEL = 4
-# Waves of a low-priority run: up to 8 * S instances of at least min_pages / 8 pages. With S = 2 and a run
-# of 1,000 pages at 16 pages/s an instance holds its slot ~4 s instead of the whole minute; each costs
-# its Airflow start-up, which overlaps the other slots' work (bench/priority.py measures what the big run loses).
-LOW_CLASS_MIN_WAVES = 8
+# Waves of a low-priority run (see the module docstring): 1, cut like any other run. A low-priority run
+# gives way by its pool weight, the reserved pool, vLLM's priority and niceness while others run.
+LOW_CLASS_MIN_WAVES = 1
 
 
 @dataclass(frozen=True)

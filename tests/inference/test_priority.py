@@ -200,9 +200,10 @@ def test_the_policy_reaches_airflow_through_its_entry_point() -> None:
     assert ti.priority_weight == AIRFLOW_WEIGHT[HIGH]
 
 
-def test_a_low_priority_run_is_planned_short_and_renders_niced(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a run's class changes in the task code: the plan's waves and the render workers' niceness,
-    each with its setting (0 switches the niceness off; a nonsense value is a configuration error)."""
+def test_a_low_priority_run_is_planned_like_others_and_renders_niced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a run's class changes in the task code: the plan's waves (none more by default) and the
+    render workers' niceness, each with its setting (0 switches the niceness off; a nonsense value is a
+    configuration error)."""
     from olmocr_tasks.inference.priority import RENDER_NICE
     from olmocr_tasks.provider.run_requests import batching_rule, render_nice
     from olmocr_tasks.run.batching import LOW_CLASS_MIN_WAVES
@@ -211,7 +212,7 @@ def test_a_low_priority_run_is_planned_short_and_renders_niced(monkeypatch: pyte
     for name in ("OLMOCR_LOW_CLASS_WAVES", "OLMOCR_LOW_PRIORITY_NICE", "OLMOCR_BATCH_PAGES"):
         monkeypatch.delenv(name, raising=False)
     request = RunRequest(input_uri="/in", output_uri="/out", run_id="r")
-    assert batching_rule({}, request, LOW).min_waves == LOW_CLASS_MIN_WAVES > 1
+    assert batching_rule({}, request, LOW).min_waves == LOW_CLASS_MIN_WAVES == 1
     assert batching_rule({}, request, HIGH).min_waves == batching_rule({}, request, NORMAL).min_waves == 1
     # A run that names its batch size keeps it, whatever its class.
     named = batching_rule({"batch_pages": 8}, request, LOW)
@@ -225,25 +226,61 @@ def test_a_low_priority_run_is_planned_short_and_renders_niced(monkeypatch: pyte
         render_nice(LOW)
 
 
-def _niceness_after_giving_way(render_nice: int) -> tuple[int, int, int]:
+def _niceness_after_giving_way(render_nice: int, others: int) -> tuple[int, int, int, list[int], bool]:
+    """In a forked process: give way with ``others`` other active runs; the niceness of this process
+    before and after, what is left for the engine, the niceness of a thread and a child started
+    before, and whether the watch gave way."""
+    import subprocess
+    import threading
+
     from olmocr_tasks.core.config import ConversionSettings
     from olmocr_tasks.provider.tasks import give_way
     from olmocr_tasks.run.request import RunRequest
 
     before = os.nice(0)
+    child = subprocess.Popen(["sleep", "30"])
+    thread_id: list[int] = []
+    parked = threading.Event()
+    thread = threading.Thread(target=lambda: (thread_id.append(threading.get_native_id()), parked.wait(30)))
+    thread.start()
+    asked: list[int] = []
+
+    def count() -> int:
+        asked.append(others)
+        return others
+
     request = RunRequest(
         input_uri="/in", output_uri="/out", run_id="r", settings=ConversionSettings(render_nice=render_nice)
     )
+    watches = []
     for _ in range(2):  # a second instance in the same process (airflow dags test) adds nothing more
-        request = give_way(request)
-    return before, os.nice(0), request.settings.render_nice
+        request, watch = give_way(request, count)
+        if watch is not None:
+            # The first answer decides: wait for it, then end the watch as convert_body does.
+            watch.gave_way.wait(5 if others else 0.3)
+            watches.append(watch)
+    gave_way = any(watch.gave_way.is_set() for watch in watches)
+    for watch in watches:
+        watch.stop()
+    nices = [os.getpriority(os.PRIO_PROCESS, thread_id[0]), os.getpriority(os.PRIO_PROCESS, child.pid)]
+    parked.set()
+    child.kill()
+    assert not render_nice or asked, "the watch never asked"
+    return before, os.nice(0), request.settings.render_nice, nices, gave_way
 
 
-@pytest.mark.parametrize("render_nice", [0, 7])
-def test_a_low_priority_convert_instance_runs_its_whole_process_niced(render_nice: int) -> None:
-    """Its own process as well as its render workers (which inherit it): measured in a forked process,
-    as Airflow forks one per task attempt, so the test process keeps its niceness."""
+@pytest.mark.parametrize(("render_nice", "others"), [(0, 1), (7, 0), (7, 2)])
+def test_a_low_priority_convert_instance_is_niced_only_while_other_runs_are_active(
+    render_nice: int, others: int
+) -> None:
+    """Alone it runs at normal priority; once another conversion run is active its whole process (every
+    thread, not only the one that decided) and its children (render workers) are niced. Measured in a
+    forked process, as Airflow forks one per task attempt, so the test process keeps its niceness."""
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
-        before, after, left_for_engine = pool.submit(_niceness_after_giving_way, render_nice).result()
-    assert after == min(before + render_nice, 19)
+        before, after, left_for_engine, (thread_nice, child_nice), gave_way = pool.submit(
+            _niceness_after_giving_way, render_nice, others
+        ).result()
+    expected = min(before + render_nice, 19) if others else before
+    assert (after, thread_nice, child_nice) == (expected, expected, expected)
+    assert gave_way == bool(render_nice and others)
     assert left_for_engine == 0

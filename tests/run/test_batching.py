@@ -69,15 +69,17 @@ def test_pages_are_estimated_from_sizes_and_the_rule_refuses_nonsense() -> None:
     assert pack_batches([], rule) == []
 
 
-def test_a_low_priority_run_is_cut_into_more_waves_of_short_instances() -> None:
-    """A low-priority run's instances each hold a slot for a short share of the run, so slots turn over
-    often; a run that already has more waves than the floor is cut as before."""
+def test_a_low_priority_run_is_cut_like_any_other_unless_waves_are_set() -> None:
+    """By default a low-priority run's instances are as long as any run's (each pays a fixed start-up
+    cost); with OLMOCR_LOW_CLASS_WAVES set, its instances each hold a slot for a short share of the run,
+    and a run that already has more waves than the floor is cut as before."""
     sources = _documents(*[1] * 128)  # 128 pages: one wave of 2 x 64 by the default rule
     normal = BatchingRule(min_pages=64, parallel=2, bytes_per_page=PAGE)
-    low = BatchingRule(min_pages=64, parallel=2, bytes_per_page=PAGE, min_waves=LOW_CLASS_MIN_WAVES)
-    assert _shape(pack_batches(sources, normal)) == [64, 64]
+    default_low = BatchingRule(min_pages=64, parallel=2, bytes_per_page=PAGE, min_waves=LOW_CLASS_MIN_WAVES)
+    assert _shape(pack_batches(sources, normal)) == _shape(pack_batches(sources, default_low)) == [64, 64]
+    low = BatchingRule(min_pages=64, parallel=2, bytes_per_page=PAGE, min_waves=8)
     batches = pack_batches(sources, low)
-    assert len(batches) == 2 * LOW_CLASS_MIN_WAVES
+    assert len(batches) == 2 * 8
     assert _shape(batches) == [8] * 16  # each a sixteenth of the run
     assert sorted(source.uri for batch in batches for source in batch) == [source.uri for source in sources]
     # A small run is not cut into instances of a page or two, each paying Airflow's start-up.

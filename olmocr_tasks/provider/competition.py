@@ -1,0 +1,87 @@
+"""Whether a low-priority convert instance has company: other conversion runs active in Airflow.
+
+A low-priority run (a backfill, ``scope=all``) should give way when other runs need the host and run
+like any other when it is alone: niceness costs a run that has the machine to itself its share against
+Airflow's own components on a small worker host. So a low-priority convert instance starts at normal
+priority, and ``CompetitionWatch`` asks Airflow every few seconds (through the Task SDK, like any task's
+read of run state: no database access from the task) whether another run of a conversion DAG is queued
+or running; the first time one is, the whole task process and its render workers are niced
+(``core.niceness``) for the rest of the attempt. Niceness cannot be given back without privilege, and
+an instance is short enough that it need not be: the next instance starts at normal priority again.
+
+Which DAGs convert: this task's own, ``olmocr_ingest`` and ``olmocr_s3_events``, and any DAG id listed
+in ``OLMOCR_CONVERSION_DAGS`` (comma-separated; a deployment's own DAGs built with ``conversion_flow``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# The packaged conversion DAGs (dags/); a deployment's own are named by OLMOCR_CONVERSION_DAGS.
+PACKAGED_CONVERSION_DAGS = ("olmocr_ingest", "olmocr_s3_events")
+# Seconds between two questions to Airflow: one query per conversion DAG, answered from indexed rows.
+DEFAULT_POLL_S = 5.0
+ACTIVE_RUN_STATES = ["queued", "running"]
+
+
+def conversion_dags(own_dag_id: str) -> list[str]:
+    listed = [name.strip() for name in os.environ.get("OLMOCR_CONVERSION_DAGS", "").split(",") if name.strip()]
+    return list(dict.fromkeys([own_dag_id, *PACKAGED_CONVERSION_DAGS, *listed]))
+
+
+def other_active_runs(context: Mapping[str, Any]) -> int:
+    """Runs of the conversion DAGs, other than this task's own, that are queued or running now."""
+    ti = context["ti"]
+    total = sum(ti.get_dr_count(dag_id=dag_id, states=ACTIVE_RUN_STATES) for dag_id in conversion_dags(ti.dag_id))
+    # This task's own run is running: it is not company.
+    return max(total - 1, 0)
+
+
+class CompetitionWatch:
+    """A daemon thread that calls ``others()`` every ``poll_s`` seconds and ``give_way()`` once, the
+    first time it answers more than zero; ``stop()`` ends it. A failing question is logged and asked
+    again at the next poll: not knowing whether others wait never fails a conversion."""
+
+    def __init__(
+        self, others: Callable[[], int], give_way: Callable[[], None], *, poll_s: float = DEFAULT_POLL_S
+    ) -> None:
+        self._others = others
+        self._give_way = give_way
+        self._poll_s = poll_s
+        self._stopped = threading.Event()
+        self.gave_way = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="olmocr-competition-watch", daemon=True)
+
+    def start(self) -> CompetitionWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def __enter__(self) -> CompetitionWatch:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _watch(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                others = self._others()
+            except Exception as exc:  # any failure to ask is only a missed poll
+                log.warning("could not ask Airflow for other active runs: %s", exc)
+                others = 0
+            if others > 0:
+                log.info("%d other conversion run(s) active: this low-priority instance gives way", others)
+                self._give_way()
+                self.gave_way.set()
+                return
+            self._stopped.wait(self._poll_s)
