@@ -43,28 +43,47 @@ def other_active_runs(context: Mapping[str, Any]) -> int:
     return max(total - 1, 0)
 
 
+def polls_from_a_thread_are_safe() -> bool:
+    """Whether this task's channel to Airflow may be used from a second thread: the supervisor's socket
+    channel serialises its callers; ``airflow dags test``'s in-process channel swaps a global while it
+    answers and shares one response queue, so there the watch asks once, on the calling thread."""
+    from airflow.sdk.execution_time import task_runner
+    from airflow.sdk.execution_time.comms import CommsDecoder
+
+    return isinstance(getattr(task_runner, "SUPERVISOR_COMMS", None), CommsDecoder)
+
+
 class CompetitionWatch:
-    """A daemon thread that calls ``others()`` every ``poll_s`` seconds and ``give_way()`` once, the
-    first time it answers more than zero; ``stop()`` ends it. A failing question is logged and asked
-    again at the next poll: not knowing whether others wait never fails a conversion."""
+    """Calls ``others()`` at ``start()`` on the calling thread, then (``repeat``) every ``poll_s``
+    seconds on a daemon thread, and ``give_way()`` once, the first time it answers more than zero;
+    ``stop()`` ends it. A failing question is logged and asked again at the next poll: not knowing
+    whether others wait never fails a conversion."""
 
     def __init__(
-        self, others: Callable[[], int], give_way: Callable[[], None], *, poll_s: float = DEFAULT_POLL_S
+        self,
+        others: Callable[[], int],
+        give_way: Callable[[], None],
+        *,
+        poll_s: float = DEFAULT_POLL_S,
+        repeat: bool = True,
     ) -> None:
         self._others = others
         self._give_way = give_way
         self._poll_s = poll_s
+        self._repeat = repeat
         self._stopped = threading.Event()
         self.gave_way = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="olmocr-competition-watch", daemon=True)
 
     def start(self) -> CompetitionWatch:
-        self._thread.start()
+        if not self._poll() and self._repeat:
+            self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stopped.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def __enter__(self) -> CompetitionWatch:
         return self.start()
@@ -72,16 +91,21 @@ class CompetitionWatch:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    def _poll(self) -> bool:
+        """Ask once; give way and return True when others are active."""
+        try:
+            others = self._others()
+        except Exception as exc:  # any failure to ask is only a missed poll
+            log.warning("could not ask Airflow for other active runs: %s", exc)
+            return False
+        if others <= 0:
+            return False
+        log.info("%d other conversion run(s) active: this low-priority instance gives way", others)
+        self._give_way()
+        self.gave_way.set()
+        return True
+
     def _watch(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                others = self._others()
-            except Exception as exc:  # any failure to ask is only a missed poll
-                log.warning("could not ask Airflow for other active runs: %s", exc)
-                others = 0
-            if others > 0:
-                log.info("%d other conversion run(s) active: this low-priority instance gives way", others)
-                self._give_way()
-                self.gave_way.set()
+        while not self._stopped.wait(self._poll_s):
+            if self._poll():
                 return
-            self._stopped.wait(self._poll_s)

@@ -25,7 +25,7 @@ from olmocr_tasks.core.errors import ConfigurationError, ServerMisconfigured
 from olmocr_tasks.core.niceness import nice_process_tree
 from olmocr_tasks.location.manifest import PAGE_COUNT_KEYS, STATUSES
 from olmocr_tasks.location.runs import new_plan_id
-from olmocr_tasks.provider.competition import CompetitionWatch, other_active_runs
+from olmocr_tasks.provider.competition import CompetitionWatch, other_active_runs, polls_from_a_thread_are_safe
 from olmocr_tasks.provider.hooks import storage_for
 from olmocr_tasks.provider.lineage import report_converted, report_published
 from olmocr_tasks.provider.run_requests import (
@@ -151,7 +151,7 @@ def give_way(request: RunRequest, others: Callable[[], int]) -> tuple[RunRequest
             nice_process_tree(nice)
             _gave_way = True
 
-    watch = CompetitionWatch(others, lower_priority).start()
+    watch = CompetitionWatch(others, lower_priority, repeat=polls_from_a_thread_are_safe()).start()
     return replace(request, settings=replace(request.settings, render_nice=0)), watch
 
 

@@ -60,3 +60,22 @@ def test_a_stopped_watch_that_never_saw_others_never_gives_way() -> None:
     assert polled.wait(10)
     watch.stop()  # ends the wait of an hour at once
     assert not watch.gave_way.is_set()
+
+
+def test_where_the_channel_to_airflow_is_not_thread_safe_the_watch_asks_once_on_the_calling_thread() -> None:
+    """``airflow dags test``'s in-process channel (and no channel at all, here) must not be used from a
+    second thread: the watch asks once, at start, on the caller's thread, and starts no thread."""
+    from olmocr_tasks.provider.competition import polls_from_a_thread_are_safe
+
+    assert not polls_from_a_thread_are_safe()
+    callers: list[str] = []
+
+    def others() -> int:
+        callers.append(threading.current_thread().name)
+        return 0
+
+    watch = CompetitionWatch(others, lambda: pytest.fail("gave way while alone"), poll_s=0.001, repeat=False).start()
+    watch.stop()
+    assert callers == [threading.current_thread().name]
+    seen = CompetitionWatch(lambda: 1, lambda: None, repeat=False).start()
+    assert seen.gave_way.is_set()
