@@ -7,15 +7,24 @@ manifest JSON themselves, so a layout change stays in this module::
 
     manifest = read_manifest(storage, output_uri, run_id)
     manifest.summary["counts"]            # bounded, whatever the run's size
-    for doc in manifest.iter_documents():  # one shard in memory at a time
+    for doc in manifest.iter_documents():  # one entry in memory at a time
         ...
+
+Shards are read as streams (``Storage.open_read``) through a streaming gzip decompressor, line by line:
+no reader ever holds a decompressed shard or a list of its entries, only the entry it yields (``page``
+holds the entries it returns and skips the others unparsed). Every read is bounded (``ReadLimits``):
+a summary, a shard (compressed and decompressed, so a gzip bomb stops at the bound), a line and a
+shard's entry count; a manifest past a bound is a ``ManifestFormatError``, never an exhausted memory.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
-from collections.abc import Iterator
+import zlib
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -28,41 +37,89 @@ from olmocr_tasks.location.manifest import (
     error_class_counts,
     manifest_uri,
 )
-from olmocr_tasks.storage.store import Storage
+from olmocr_tasks.storage.store import ReadLimitExceeded, Storage
 
 # What a summary holds besides its entries; the inline entry lists of schema 1 and 2 are not summary.
 _INLINE = (DOCUMENTS_KIND, DEAD_LETTERS_KIND)
+# Compressed bytes a shard stream asks storage for at a time (one S3 body read per chunk).
+_READ_CHUNK = 256 * 1024
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """What one read of a manifest may hold or cost; past a bound it is a ``ManifestFormatError``.
+
+    ``summary_bytes``: a schema 3 summary is 20-30 KB (at most 256 KB by construction); the bound is
+    for schema 1 and 2 manifests, whose entries are inline (about 75,000 entries of 850 bytes).
+    ``line_bytes``: one entry (a 10,000-page document's latencies are about 70 KB). ``shard_bytes``:
+    a shard's compressed and its decompressed bytes (10,000 entries of a few KB are 20-40 MB).
+    ``blank_lines``: the writer writes none; readers skip a few, not a stream of them.
+    """
+
+    summary_bytes: int = 64 * _MIB
+    line_bytes: int = 8 * _MIB
+    shard_bytes: int = 1024 * _MIB
+    blank_lines: int = 10_000
+
+
+READ_LIMITS = ReadLimits()
 
 
 class ManifestFormatError(ValueError):
-    """The object is not a manifest this reader understands (not a JSON object, a bad shard list)."""
+    """The object is not a manifest this reader understands (not a JSON object, a bad shard list,
+    a damaged shard, or a read past its ``ReadLimits``)."""
 
 
 class ManifestReader:
     """One published manifest: ``summary`` (a dict without entries) and its entries, read lazily."""
 
-    def __init__(self, storage: Storage, uri: str, data: dict[str, Any]) -> None:
+    def __init__(self, storage: Storage, uri: str, data: dict[str, Any], *, limits: ReadLimits = READ_LIMITS) -> None:
         if not isinstance(data, dict):
             raise ManifestFormatError(f"expected a JSON object, found {type(data).__name__}")
         self.storage = storage
         self.uri = uri
+        self.limits = limits
         self._inline = {kind: data.get(kind) or [] for kind in _INLINE} if "entries" not in data else None
         self.summary: dict[str, Any] = {key: value for key, value in data.items() if key not in _INLINE}
         if self._inline is None and not isinstance(data.get("entries"), dict):
             raise ManifestFormatError("'entries' is not an object")
 
     @classmethod
-    def from_bytes(cls, storage: Storage, uri: str, raw: bytes) -> ManifestReader:
+    def from_bytes(cls, storage: Storage, uri: str, raw: bytes, *, limits: ReadLimits = READ_LIMITS) -> ManifestReader:
         try:
             data = json.loads(raw)
         except ValueError as exc:
             raise ManifestFormatError(f"not JSON: {exc}") from exc
-        return cls(storage, uri, data)
+        return cls(storage, uri, data, limits=limits)
 
     @classmethod
-    def open(cls, storage: Storage, uri: str) -> ManifestReader:
+    def open(cls, storage: Storage, uri: str, *, limits: ReadLimits = READ_LIMITS) -> ManifestReader:
         """Read the summary at ``uri`` (``UnreadableSourceError`` if missing); entries are read on demand."""
-        return cls.from_bytes(storage, uri, storage.read_bytes(uri))
+        reader = cls.open_or_none(storage, uri, limits=limits, missing_ok=False)
+        assert reader is not None
+        return reader
+
+    @classmethod
+    def open_or_none(
+        cls, storage: Storage, uri: str, *, limits: ReadLimits = READ_LIMITS, missing_ok: bool = True
+    ) -> ManifestReader | None:
+        """``open``, or None when nothing is at ``uri`` (a run not published yet)."""
+        if missing_ok:
+            stream = storage.open_read_or_none(uri, max_bytes=limits.summary_bytes)
+            if stream is None:
+                return None
+        else:
+            stream = storage.open_read(uri, max_bytes=limits.summary_bytes)
+        with stream:
+            try:
+                raw = stream.read()
+            except ReadLimitExceeded as exc:
+                raise ManifestFormatError(
+                    f"summary {uri} is larger than {limits.summary_bytes:,} bytes (a schema 3 summary is a "
+                    "few KB; an inline schema 1 or 2 manifest this large needs ReadLimits(summary_bytes=...))"
+                ) from exc
+        return cls.from_bytes(storage, uri, raw, limits=limits)
 
     # ------------------------------------------------------------------------------- summary
 
@@ -143,22 +200,20 @@ class ManifestReader:
             start += entries
         return table
 
-    def read_shard(self, uri: str, contains: str | None = None) -> list[tuple[int, dict[str, Any]]]:
-        """The entries of one shard (a ``uri`` from ``shard_table``) with their line numbers.
+    def read_shard(self, uri: str, contains: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+        """The entries of one shard (a ``uri`` from ``shard_table``) with their positions in it, streamed.
 
         ``contains``: only lines whose text holds it (any letter case) are parsed, a cheap first cut
         for a search by name (the caller still checks the field it means).
         """
-        text = self._shard_text(uri)
         needle = contains.casefold() if contains else None
-        return [
-            (number, json.loads(line))
-            for number, line in enumerate(text.splitlines())
-            if line.strip() and (needle is None or needle in line.casefold())
-        ]
+        declared = next((entries for _, each, entries in self._shards(None) if each == uri), None)
+        for number, line in enumerate(self._lines(uri, declared)):
+            if needle is None or needle in line.decode("utf-8", errors="replace").casefold():
+                yield number, self._entry(uri, number, line)
 
     def iter_documents(self) -> Iterator[dict[str, Any]]:
-        """Every document entry as a dict, in the order written, one shard in memory at a time."""
+        """Every document entry as a dict, in the order written, one entry in memory at a time."""
         return self._iter(DOCUMENTS_KIND)
 
     def iter_dead_letters(self) -> Iterator[dict[str, Any]]:
@@ -171,24 +226,13 @@ class ManifestReader:
         if self._inline is not None:
             yield from self._inline[kind]
             return
-        for _, uri, _ in self._shards(kind):
-            yield from self._read_shard(uri)
-
-    def _shard_text(self, uri: str) -> str:
-        try:
-            return gzip.decompress(self.storage.read_bytes(uri)).decode("utf-8")
-        except (OSError, EOFError, UnicodeDecodeError) as exc:
-            raise ManifestFormatError(f"shard {uri} is not gzip: {exc}") from exc
-
-    def _read_shard(self, uri: str) -> list[dict[str, Any]]:
-        try:
-            text = gzip.decompress(self.storage.read_bytes(uri))
-        except (OSError, EOFError) as exc:
-            raise ManifestFormatError(f"shard {uri} is not gzip: {exc}") from exc
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        for _, uri, entries in self._shards(kind):
+            for number, line in enumerate(self._lines(uri, entries)):
+                yield self._entry(uri, number, line)
 
     def page(self, start: int, count: int, kind: str = DOCUMENTS_KIND) -> list[dict[str, Any]]:
-        """Entries ``start`` to ``start + count`` (manifest order), reading only the shards they are in."""
+        """Entries ``start`` to ``start + count`` (manifest order), reading only the shards they are in,
+        each only up to its last wanted line; the lines before them are skipped unparsed."""
         if self._inline is not None:
             return list(self._inline[kind][max(start, 0) : max(start, 0) + max(count, 0)])
         wanted: list[dict[str, Any]] = []
@@ -198,11 +242,64 @@ class ManifestReader:
                 break
             if offset + entries > start:
                 skip = max(start - offset, 0)
-                # Only the wanted lines are parsed: a page of 100 from a shard of 10,000.
-                lines = [line for line in self._shard_text(uri).splitlines() if line.strip()]
-                wanted += [json.loads(line) for line in lines[skip : skip + count - len(wanted)]]
+                lines = self._lines(uri, entries)
+                try:
+                    for number, line in enumerate(lines):
+                        if number < skip:
+                            continue
+                        wanted.append(self._entry(uri, number, line))
+                        if len(wanted) >= count:
+                            break
+                finally:
+                    lines.close()  # stops reading the shard (and closes its stream) past the page
             offset += entries
         return wanted
+
+    def _entry(self, uri: str, number: int, line: bytes) -> dict[str, Any]:
+        try:
+            return json.loads(line)  # type: ignore[no-any-return]
+        except ValueError as exc:
+            raise ManifestFormatError(f"shard {uri}: entry {number} is not JSON: {exc}") from exc
+
+    def _lines(self, uri: str, entries: int | None) -> Generator[bytes, None, None]:
+        """The shard's entry lines (bytes, blank lines skipped), read from a streaming decompressor.
+
+        Holds one line at a time. ``entries``: how many the summary says the shard holds (0 or None:
+        not recorded); a shard holding more is damaged, and reading on could last as long as a bomb.
+        """
+        limits = self.limits
+        found = blank = decompressed = 0
+        try:
+            with (
+                self.storage.open_read(uri, max_bytes=limits.shard_bytes) as stream,
+                io.BufferedReader(stream, buffer_size=_READ_CHUNK) as buffered,
+                gzip.GzipFile(fileobj=buffered, mode="rb") as unzipped,
+            ):
+                while line := unzipped.readline(limits.line_bytes + 1):
+                    decompressed += len(line)
+                    if decompressed > limits.shard_bytes:
+                        raise ManifestFormatError(
+                            f"shard {uri} decompresses to more than {limits.shard_bytes:,} bytes (a gzip bomb?)"
+                        )
+                    if len(line) > limits.line_bytes and not line.endswith(b"\n"):
+                        raise ManifestFormatError(
+                            f"shard {uri}: entry {found} is longer than {limits.line_bytes:,} bytes"
+                        )
+                    if not line.strip():
+                        blank += 1
+                        if blank > limits.blank_lines:
+                            raise ManifestFormatError(f"shard {uri} holds more than {limits.blank_lines:,} blank lines")
+                        continue
+                    if entries and found >= entries:
+                        raise ManifestFormatError(
+                            f"shard {uri} holds more than the {entries:,} entries its summary names"
+                        )
+                    found += 1
+                    yield line
+        except ReadLimitExceeded as exc:
+            raise ManifestFormatError(f"shard {uri} is larger than {limits.shard_bytes:,} bytes compressed") from exc
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ManifestFormatError(f"shard {uri} is not gzip: {exc}") from exc
 
     @cached_property
     def documents(self) -> list[DocumentEntry]:
@@ -228,9 +325,7 @@ class ManifestReader:
 
 def read_manifest(storage: Storage, output_uri: str, run_id: str) -> ManifestReader | None:
     """The published manifest of ``run_id`` under ``output_uri``, or None if it has none (yet)."""
-    uri = manifest_uri(output_uri, run_id)
-    raw = storage.read_bytes_or_none(uri)
-    return None if raw is None else ManifestReader.from_bytes(storage, uri, raw)
+    return ManifestReader.open_or_none(storage, manifest_uri(output_uri, run_id))
 
 
 def open_manifest(uri: str, storage: Storage | None = None) -> ManifestReader:

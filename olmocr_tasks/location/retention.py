@@ -134,8 +134,8 @@ def _unnamed_manifest_shards(
     for run_key, objects in sorted(shards.items()):
         summary_uri = location.summary(run_key)
         try:
-            raw = storage.read_bytes_or_none(summary_uri)
-            named = set() if raw is None else set(ManifestReader.from_bytes(storage, summary_uri, raw).shard_uris())
+            summary = ManifestReader.open_or_none(storage, summary_uri)
+            named = set() if summary is None else set(summary.shard_uris())
         except (ManifestFormatError, StorageError, UnreadableSourceError) as exc:
             # A summary that cannot be read now might name any of them: keep them all.
             log.warning("kept the shards of %s: its summary could not be read (%s)", summary_uri, exc)

@@ -7,7 +7,8 @@ A run's entries are in shards of 10,000 (``olmocr_tasks.location.manifest``), so
   counts the summary keeps, and reads only those (exact totals and page numbers);
 * a search by part of a source name cannot know where its matches are: it scans from a position,
   shard by shard, and stops after a page of matches or after ``SCAN_BUDGET`` entries, saying how
-  far it got; the next page continues from there. Lines without the text are never parsed.
+  far it got; the next page continues from there. Lines without the text are never parsed, and a
+  shard is streamed: one entry in memory at a time, never the shard's list.
 
 Old manifests with their entries inline are already in memory and are filtered whole.
 """
@@ -180,20 +181,21 @@ class SearchResult:
 
 def _chunks(
     reader: ManifestReader,
-) -> Iterator[tuple[int, int, Callable[[str | None], list[tuple[int, dict[str, Any]]]]]]:
-    """(first position, end position, loader) per shard; an inline manifest is one chunk in memory."""
+) -> Iterator[tuple[int, int, Callable[[str | None], Iterator[tuple[int, dict[str, Any]]]]]]:
+    """(first position, end position, loader) per shard, each loader streaming its shard's entries;
+    an inline manifest is one chunk, already in memory."""
     if not reader.sharded:
         entries = [e for e in reader.iter_documents()]
-        yield 0, len(entries), lambda _prefilter: [(i, e) for i, e in enumerate(entries) if isinstance(e, dict)]
+        yield 0, len(entries), lambda _prefilter: ((i, e) for i, e in enumerate(entries) if isinstance(e, dict))
         return
     for shard in reader.shard_table():
         uri, first = shard["uri"], shard["start"]
         yield (
             first,
             first + shard["entries"],
-            lambda prefilter, uri=uri, first=first: [
+            lambda prefilter, uri=uri, first=first: (
                 (first + number, entry) for number, entry in reader.read_shard(uri, prefilter)
-            ],
+            ),
         )
 
 

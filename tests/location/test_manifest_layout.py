@@ -36,7 +36,7 @@ from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.publishing import publish_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.run.settings import RunSettings
-from olmocr_tasks.storage.store import Storage
+from olmocr_tasks.storage.store import ObjectReader, Storage
 from olmocr_tasks.storage.uri import join_uri
 from olmocr_tasks.testing import pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer
@@ -390,7 +390,7 @@ def test_a_real_run_publishes_its_entries_to_shards_before_its_summary(
 
 
 class ReadRecordingStorage(Storage):
-    """A real local storage that records which objects were read."""
+    """A real local storage that records which objects were read (whole or streamed)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -399,6 +399,10 @@ class ReadRecordingStorage(Storage):
     def read_bytes(self, uri: str) -> bytes:
         self.reads.append(uri)
         return super().read_bytes(uri)
+
+    def open_read(self, uri: str, *, max_bytes: int) -> ObjectReader:
+        self.reads.append(uri)
+        return super().open_read(uri, max_bytes=max_bytes)
 
 
 def test_the_runs_page_serves_one_documents_output_reading_only_its_shard(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 
 from olmocr_tasks.location.manifest import SHARD_ENTRIES, DocumentEntry, ManifestWriter, manifest_uri
 from olmocr_tasks.location.manifest_reader import read_manifest
-from olmocr_tasks.storage.store import Storage
+from olmocr_tasks.storage.store import ObjectReader, Storage
 from tests.fixtures.asgi import served
 from tests.fixtures.manifests import manifest_header
 
@@ -88,21 +88,24 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class CountingStorage(Storage):
-    """A real local storage counting the objects read and their bytes (the server's work per request)."""
+    """A real local storage recording the objects read, whole or streamed (the server's work per request)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.reads: list[str] = []
-        self.bytes = 0
 
     def read_bytes(self, uri: str) -> bytes:
         data = super().read_bytes(uri)
         self.reads.append(uri)
-        self.bytes += len(data)
         return data
 
+    def open_read(self, uri: str, *, max_bytes: int) -> ObjectReader:
+        stream = super().open_read(uri, max_bytes=max_bytes)
+        self.reads.append(uri)
+        return stream
+
     def take(self) -> list[str]:
-        reads, self.reads, self.bytes = self.reads, [], 0
+        reads, self.reads = self.reads, []
         return reads
 
 
