@@ -28,6 +28,7 @@ from olmocr_tasks.location.runs import new_plan_id
 from olmocr_tasks.provider.competition import CompetitionWatch, other_active_runs, polls_from_a_thread_are_safe
 from olmocr_tasks.provider.hooks import storage_for
 from olmocr_tasks.provider.lineage import report_converted, report_published
+from olmocr_tasks.provider.resources import log_peak_memory
 from olmocr_tasks.provider.run_requests import (
     airflow_run_record,
     batching_rule,
@@ -86,6 +87,7 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
     # Last, once the plan and every batch are written: publish_manifest reads only a complete plan,
     # and only this pass's (a cleared run's plan clears its XCom when it starts again).
     context["ti"].xcom_push(key=PLAN_ID_XCOM, value=folder.plan_id)
+    log_peak_memory()
     return descriptors
 
 
@@ -101,6 +103,7 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
     finally:
         if watch is not None:
             watch.stop()
+        log_peak_memory()
 
 
 def _convert(context: Mapping[str, Any], request: RunRequest, batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -201,6 +204,7 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
     else:
         log.info("nothing was converted: no event on %s", OUTPUTS_ASSET.name)
     log.info("published %s: %s", published.uri, published.manifest.counts())
+    log_peak_memory()
     return summary
 
 
