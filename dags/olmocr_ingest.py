@@ -1,6 +1,6 @@
 """Convert new PDFs to markdown with olmOCR on vLLM, every interval, on demand or as a backfill.
 
-    check_server ─► plan ─► convert[batch…] ─► publish_manifest ─► enforce_error_budget
+    [check_server, plan] ─► convert[batch…] ─► publish_manifest ─► enforce_error_budget
 
 * Scheduled and backfill runs convert the PDFs last modified in their data interval; manual and REST
   runs convert everything not converted yet (the ``scope`` Param changes this), or exactly the

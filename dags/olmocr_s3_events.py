@@ -1,6 +1,6 @@
 """Convert exactly the PDFs named by S3 event notifications, as soon as they arrive through SQS.
 
-    check_server ─► plan (reads the events) ─► convert[batch…] ─► publish_manifest ─► enforce_error_budget
+    [check_server, plan (reads the events)] ─► convert[batch…] ─► publish_manifest ─► enforce_error_budget
 
 An ``AssetWatcher`` polls the SQS queue that receives the bucket's ``ObjectCreated`` notifications;
 each batch of messages becomes an asset event, and the events that accumulated trigger one run.

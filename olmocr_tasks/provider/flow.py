@@ -1,11 +1,16 @@
 """The task graph every conversion DAG shares: a DAG file chooses a schedule and calls ``conversion_flow``::
 
-    check_server ─► plan ─► convert[batch…] ─► publish_manifest ─► enforce_error_budget
-                      └───────────────────────────────►┘
+    check_server ──────────┐
+    plan ───────────────► convert[batch…] ─► publish_manifest ─► enforce_error_budget
+      └──────────────────────────────────────►┘
 
 * ``check_server`` (``CheckVllmServerOperator``) asks the ``olmocr_vllm`` connection's server whether it
   serves the model; while the server starts it waits in the triggerer (no worker slot), up to
-  ``OLMOCR_SERVER_READY_TIMEOUT`` seconds.
+  ``OLMOCR_SERVER_READY_TIMEOUT`` seconds. It runs beside ``plan``, which needs no server: convert
+  waits for both, so a run does not pay a task's start-up and a scheduler hop in sequence before its
+  first conversion. Each convert instance checks again that the server lists the connection's model
+  before it sends a page (a server swapped since, or a CPU engine under another name, fails it:
+  the model is part of the idempotency key, and output of another model must not be filed under it).
 * ``plan`` resolves the run's Params and ``dag_run`` (and, in the S3-event DAG, its triggering asset
   events) into a ``RunRequest`` and calls the engine's planning (``olmocr_tasks.run.planning.plan_batches``):
   it discovers what to convert, writes the plan and one small file per batch in the run folder
@@ -107,7 +112,8 @@ def conversion_flow(event_asset: str | None = None) -> XComArg:
     converted = convert.expand(batch=batches)
     published = publish_manifest_task.override(task_id="publish_manifest")()
     budget = enforce_error_budget()
-    server >> batches
+    # Beside plan, not before it: convert waits for both, and checks the model itself.
+    server >> converted
     # publish also waits for plan itself: with only convert upstream, a cleared run whose convert
     # had mapped to nothing published the previous pass's plan before plan ran again.
     batches >> published

@@ -71,14 +71,6 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
         rule = batching_rule(context["params"], request, run_priority_class(context, documents))
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
-    served = context["ti"].xcom_pull(task_ids="check_server")
-    if served is not None and request.settings.server.connection.model not in served:
-        # The idempotency key must name the model that really answers: a server swapped since
-        # check_server (or a CPU engine under the GPU model's name) would file its output under it.
-        raise AirflowFailException(
-            f"the server reports {', '.join(served)}, "
-            f"not the connection's model {request.settings.server.connection.model}"
-        )
     storage = storage_for([request.input_uri, request.output_uri, *(request.documents or ())])
     # A fresh plan id per planning: a cleared and re-run DAG run plans again, and nothing a task of the
     # earlier plan still writes can reach this plan's manifest.

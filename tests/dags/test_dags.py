@@ -133,11 +133,14 @@ def test_ingest_dag_structure(dagbag: Any) -> None:
     def upstream(task_id: str) -> set[str]:
         return set(dag.get_task(task_id).get_flat_relative_ids(upstream=True))
 
-    # What the graph must guarantee, read from the DAG itself rather than a copy of its edges:
-    # nothing runs before the server answers, and the budget is judged last, on the published manifest.
-    assert [task.task_id for task in dag.roots] == ["check_server"]
+    # What the graph must guarantee, read from the DAG itself rather than a copy of its edges: plan
+    # (which needs no server) runs beside check_server, nothing that talks to the server or publishes
+    # runs before it answers, and the budget is judged last, on the published manifest.
+    assert sorted(task.task_id for task in dag.roots) == ["check_server", "plan"]
     assert [task.task_id for task in dag.leaves] == ["enforce_error_budget"]
-    assert all("check_server" in upstream(task.task_id) for task in dag.tasks if task.task_id != "check_server")
+    assert all(
+        "check_server" in upstream(task.task_id) for task in dag.tasks if task.task_id not in ("check_server", "plan")
+    )
     assert upstream("enforce_error_budget") == {task.task_id for task in dag.tasks} - {"enforce_error_budget"}
     # convert fans out over what plan returns: one instance per planned batch.
     convert = dag.get_task("convert")
@@ -332,14 +335,18 @@ def test_a_server_serving_another_model_fails_the_run_at_once(airflow_env: Airfl
     result = airflow.dag_test("olmocr_ingest", conf=conf)
     _check(result, expect_success=False)
     states = airflow.task_states("olmocr_ingest", result.run_id or "")
-    # A configuration error is not retried: one try, and nothing downstream pretends to publish.
+    # A configuration error is not retried: one try, nothing is converted, and the run is red. plan ran
+    # beside check_server, so the manifest lists the discovered document as not converted, with why.
     assert states[("check_server", -1)] == "failed"
-    assert states[("plan", -1)] == "upstream_failed"
-    assert states[("publish_manifest", -1)] == "skipped"
+    assert states[("plan", -1)] == "success"
+    assert {state for (task, _), state in states.items() if task == "convert"} == {"upstream_failed"}
     assert states[("enforce_error_budget", -1)] == "failed"
     assert "configured model is someone/else" in result.output
-    assert "no manifest was published" in result.output
-    assert not (tmp_path / "out" / "manifests").exists()
+    assert not (tmp_path / "out" / "markdown").exists()
+    assert states[("publish_manifest", -1)] == "success"
+    (manifest,) = (tmp_path / "out" / "manifests").glob("*.json")
+    (entry,) = load_whole(str(manifest))["documents"]
+    assert (entry["status"], entry["error_class"]) == ("failed", "not_converted")
     with sqlite3.connect(airflow.home / "airflow.db") as db:
         (tries,) = db.execute(
             "SELECT try_number FROM task_instance WHERE run_id = ? AND task_id = 'check_server'", (result.run_id,)

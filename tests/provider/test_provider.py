@@ -568,15 +568,23 @@ def test_a_rejected_api_key_fails_the_convert_task_without_retries(tmp_path: Pat
     assert "refused this run" in entry["error"] and "HTTP 401" in entry["error"]
 
 
-def test_plan_refuses_a_server_that_reports_another_model(tmp_path: Path, standin_conn: StandinServer) -> None:
-    # The idempotency key is the model: output of another model must not be filed under this one.
-    (tmp_path / "in").mkdir()
+def test_convert_refuses_a_server_that_does_not_serve_the_connections_model(
+    tmp_path: Path, standin_conn: StandinServer
+) -> None:
+    # The idempotency key is the model: output of another model must not be filed under this one. plan
+    # runs beside check_server and needs no server; each convert instance checks the model before a page.
+    from olmocr_tasks.testing import pdfgen
+
+    pdfgen.write_pdf(tmp_path / "in" / "d.pdf", pdfgen.text_pdf(1, doc_id=1))
     run = RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
-    run.xcom["check_server", "return_value"] = ["olmocr-cpu-tesseract"]
-    with pytest.raises(AirflowFailException, match="reports olmocr-cpu-tesseract, not the connection's model"):
-        run.plan()
-    run.xcom["check_server", "return_value"] = [standin_conn.model]
-    assert [batch["documents"] for batch in run.plan()] == [0]
+    (batch,) = run.plan()
+    connection_model = standin_conn.model
+    assert standin_conn.configure(model="olmocr-cpu-tesseract")["model"] != connection_model
+    requests_before = standin_conn.stats()["total"]
+    with pytest.raises(AirflowFailException, match=r"rejected this task: .*olmocr-cpu-tesseract"):
+        tasks.convert_body(run.ctx("convert"), batch)
+    assert standin_conn.stats()["total"] == requests_before, "a page was sent to the wrong model"
+    assert not (tmp_path / "out" / "markdown").exists()
 
 
 def test_each_convert_instance_gets_a_time_limit_from_its_pages_and_the_request_timeouts() -> None:
