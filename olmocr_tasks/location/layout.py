@@ -10,6 +10,7 @@ means, so a layout change is made here::
     OUTPUT/_runs/<run>/<plan>/...                              what a run plans and reports (runs)
     OUTPUT/_state/output-owners/<hash>.json                    which source a stem belongs to (outputs)
     OUTPUT/_state/<conv>/conversion.json                       what the conversion key stands for (ledger)
+    OUTPUT/_state/<conv>/instance-costs.json                   the last run's convert instance costs (instance_costs)
     OUTPUT/_state/<conv>/sources/<source-id>/<fp>.done         this version is converted   (ledger)
     OUTPUT/_state/<conv>/sources/<source-id>/<fp>.failed.<run> one run failed it            (ledger)
     OUTPUT/_state/<conv>/content/<sha256>.json                 these bytes were converted  (ledger)
@@ -37,6 +38,7 @@ from olmocr_tasks.storage.uri import join_uri, safe_join
 _STATE = "_state"
 _OWNERS = "output-owners"
 _CONVERSION_FILE = "conversion.json"
+_INSTANCE_COSTS_FILE = "instance-costs.json"
 _SOURCES = "sources"
 _CONTENT = "content"
 _PAGES = "pages"
@@ -219,6 +221,11 @@ class ConversionState:
     @property
     def description(self) -> str:
         return join_uri(self.uri, _CONVERSION_FILE)
+
+    @property
+    def instance_costs(self) -> str:
+        """What the last measured run's convert instances cost (``olmocr_tasks.run.instance_costs``)."""
+        return join_uri(self.uri, _INSTANCE_COSTS_FILE)
 
     # ------------------------------------------------------------------ ledger markers
 

@@ -12,6 +12,7 @@ are ``provider.params``'; ``OLMOCR_SERVER_READY_TIMEOUT`` is ``provider.operator
 
 from __future__ import annotations
 
+import math
 import os
 from datetime import timedelta
 
@@ -19,6 +20,7 @@ from olmocr_tasks.core.config import positive_number
 from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.inference.priority import LOW, RENDER_NICE
 from olmocr_tasks.run.batching import DEFAULT_BYTES_PER_PAGE, DEFAULT_PARALLEL, LOW_CLASS_MIN_WAVES
+from olmocr_tasks.run.instance_costs import DEFAULT_OVERHEAD_FRACTION
 
 # The pool that bounds how many convert tasks hit one vLLM deployment at once, across runs and DAGs.
 DEFAULT_POOL = "olmocr_vllm"
@@ -62,6 +64,21 @@ def claim_expiry_s() -> float | None:
 def batch_pages() -> int:
     """``OLMOCR_BATCH_PAGES``: pages per convert instance; 0 (unset): the request window of one task."""
     return _env_int("OLMOCR_BATCH_PAGES", 0)
+
+
+def instance_overhead() -> float:
+    """``OLMOCR_INSTANCE_OVERHEAD``: the most of a convert slot's time an instance's fixed cost may take
+    (between 0 and 1, default 0.1); sizes instances from the last measured run's costs."""
+    raw = os.environ.get("OLMOCR_INSTANCE_OVERHEAD")
+    if not raw:
+        return DEFAULT_OVERHEAD_FRACTION
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:
+        raise ConfigurationError(f"OLMOCR_INSTANCE_OVERHEAD must be a fraction between 0 and 1, not {raw!r}")
+    return value
 
 
 def convert_slots() -> int:

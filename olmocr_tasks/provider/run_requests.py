@@ -22,6 +22,7 @@ from olmocr_tasks.provider import DEFAULT_CONN_ID, environment
 from olmocr_tasks.provider.hooks import VllmHook
 from olmocr_tasks.provider.params import DEFAULT_LOOKBACK_INTERVALS, DEFAULT_SCOPE, SCOPES
 from olmocr_tasks.run.batching import BatchingRule
+from olmocr_tasks.run.instance_costs import InstanceCosts
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.run.settings import RunSettings
 
@@ -219,18 +220,27 @@ def max_map_length() -> int:
     return conf.getint("core", "max_map_length", fallback=1024)
 
 
-def batching_rule(params: Mapping[str, Any], request: RunRequest, priority_class: str | None = None) -> BatchingRule:
+def batching_rule(
+    params: Mapping[str, Any],
+    request: RunRequest,
+    priority_class: str | None = None,
+    costs: InstanceCosts | None = None,
+) -> BatchingRule:
     """How this run's documents are packed into convert instances (``olmocr_tasks.run.batching``).
 
-    ``batch_pages`` (Param, default ``OLMOCR_BATCH_PAGES``, else the request window of a convert task);
-    ``OLMOCR_CONVERT_SLOTS``: convert instances that run at once (the pool's slots, at most workers times
-    worker concurrency); ``OLMOCR_BYTES_PER_PAGE``: the page estimate from listed sizes. A low-priority
-    run is cut into at least ``OLMOCR_LOW_CLASS_WAVES`` waves (default ``LOW_CLASS_MIN_WAVES``) of short
-    instances, so that it never holds the pool's slots for long (README "Priority classes"), unless the
-    run names its own ``batch_pages``: a size the user chose for this run is kept as given.
+    ``batch_pages`` (Param, default ``OLMOCR_BATCH_PAGES``); otherwise, from ``costs`` (what the last
+    measured run's instances cost, ``olmocr_tasks.run.instance_costs``), the pages an instance needs
+    for its fixed cost to stay under ``OLMOCR_INSTANCE_OVERHEAD`` (default 0.1) of its slot's time;
+    without a measurement, the request window of a convert task. ``OLMOCR_CONVERT_SLOTS``: convert
+    instances that run at once (the pool's slots, at most workers times worker concurrency);
+    ``OLMOCR_BYTES_PER_PAGE``: the page estimate from listed sizes. ``OLMOCR_LOW_CLASS_WAVES`` cuts a
+    low-priority run into more waves of shorter instances (default 1: none), unless the run names its
+    own ``batch_pages``: a size the user chose for this run is kept as given.
     """
     named_size = params.get("batch_pages")
     min_pages = named_size or environment.batch_pages()
+    if not min_pages and costs is not None:
+        min_pages = costs.min_pages(environment.instance_overhead())
     short_waves = priority_class == LOW and not named_size
     try:
         return BatchingRule(

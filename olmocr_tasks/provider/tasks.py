@@ -14,6 +14,7 @@ task from the ``aws_default`` connection and never leave process memory.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -23,6 +24,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from olmocr_tasks.core.errors import ConfigurationError, ServerMisconfigured
 from olmocr_tasks.core.niceness import nice_process_tree
+from olmocr_tasks.location.layout import ConversionState, OutputLocation
 from olmocr_tasks.location.manifest import PAGE_COUNT_KEYS, STATUSES
 from olmocr_tasks.location.runs import new_plan_id
 from olmocr_tasks.provider.competition import CompetitionWatch, other_active_runs, polls_from_a_thread_are_safe
@@ -36,12 +38,15 @@ from olmocr_tasks.provider.run_requests import (
     run_priority_class,
     task_identity,
 )
+from olmocr_tasks.run import instance_costs
+from olmocr_tasks.run.instance_costs import InstanceCosts, InstanceTiming
 from olmocr_tasks.run.pipeline import convert_batch, convert_time_limit
 from olmocr_tasks.run.planning import plan_batches
 from olmocr_tasks.run.publishing import publish_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.run.s3_events import documents_from_asset_events
 from olmocr_tasks.storage.access import check_run_allowed
+from olmocr_tasks.storage.store import Storage
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +73,16 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
         request = build_request(context, documents, planning=True)
         # Before any read or write: Params, documents and event keys inside the deployment's allow-list.
         check_run_allowed(request.input_uri, request.output_uri, request.documents)
-        rule = batching_rule(context["params"], request, run_priority_class(context, documents))
+        priority_class = run_priority_class(context, documents)
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
     storage = storage_for([request.input_uri, request.output_uri, *(request.documents or ())])
+    # Instances sized by what the last measured run's instances cost (none yet: the request window).
+    costs = instance_costs.load(storage, _conversion_state(request))
+    try:
+        rule = batching_rule(context["params"], request, priority_class, costs)
+    except ConfigurationError as exc:
+        raise _fail_on_configuration(exc) from None
     # A fresh plan id per planning: a cleared and re-run DAG run plans again, and nothing a task of the
     # earlier plan still writes can reach this plan's manifest.
     folder = request.run_folder(storage, new_plan_id(f"p{context['ti'].try_number}"))
@@ -101,6 +112,7 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
 def _convert(context: Mapping[str, Any], request: RunRequest, batch: Mapping[str, Any]) -> dict[str, Any]:
     sources = request.run_folder(storage_for([request.output_uri]), batch["plan"]).read_batch(batch["batch"])
     storage = storage_for([request.input_uri, request.output_uri, *(source.uri for source in sources)])
+    converting_since = time.monotonic()
     try:
         result = convert_batch(
             request,
@@ -117,6 +129,14 @@ def _convert(context: Mapping[str, Any], request: RunRequest, batch: Mapping[str
         # Airflow retries would fail the same way, so the task fails now, saying why.
         raise AirflowFailException(f"the inference server rejected this task: {exc}") from None
     summary = result.summary
+    started = getattr(context["ti"], "start_date", None)
+    if started is not None:
+        # What publish_manifest measures the run's instances by (``olmocr_tasks.run.instance_costs``).
+        summary["timing"] = {
+            "started": started.timestamp(),
+            "converting_s": round(time.monotonic() - converting_since, 3),
+            "ended": time.time(),
+        }
     # The documents it read and the objects it wrote, to OpenLineage (when its provider is installed).
     report_converted(result.entries)
     log.info("batch %s (%s): %s", batch["batch"], batch.get("label"), summary)
@@ -196,8 +216,38 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
     else:
         log.info("nothing was converted: no event on %s", OUTPUTS_ASSET.name)
     log.info("published %s: %s", published.uri, published.manifest.counts())
+    measure_instances(context, request, storage)
     log_peak_memory()
     return summary
+
+
+def _conversion_state(request: RunRequest) -> ConversionState:
+    return OutputLocation(request.output_uri).state(request.conversion_key)
+
+
+def measure_instances(context: Mapping[str, Any], request: RunRequest, storage: Storage) -> InstanceCosts | None:
+    """Measure this run's convert instances from their XCom summaries and keep the result for the next
+    plan (``olmocr_tasks.run.instance_costs``); a run whose instances converted nothing keeps the last."""
+    pulled = context["ti"].xcom_pull(task_ids="convert")
+    summaries = [pulled] if isinstance(pulled, Mapping) else list(pulled or ())
+    timings = [
+        InstanceTiming(
+            float(timing["started"]), float(timing["ended"]), float(timing["converting_s"]), int(item.get("pages", 0))
+        )
+        for item in summaries
+        if isinstance(item, Mapping) and isinstance(timing := item.get("timing"), Mapping)
+    ]
+    costs = instance_costs.measure(timings)
+    if costs is not None:
+        instance_costs.save(storage, _conversion_state(request), costs)
+        log.info(
+            "convert instances: %d, at most %d at once, %.2f s fixed cost each, %.2f pages/s converting each",
+            costs.instances,
+            costs.concurrency,
+            costs.fixed_cost_s,
+            costs.pages_per_s,
+        )
+    return costs
 
 
 def enforce_error_budget_body(context: Mapping[str, Any]) -> None:

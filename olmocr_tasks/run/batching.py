@@ -4,10 +4,10 @@ The rule (``BatchingRule``), with ``P`` the run's estimated pages and ``S`` the 
 can run at once (``parallel``: the ``olmocr_vllm`` pool's slots, at most workers times their
 concurrency):
 
-* an instance should get at least ``min_pages`` pages (default: a convert task's request window,
-  ``max_concurrent_requests``): with fewer it cannot keep its share of the server busy, and each
-  instance pays Airflow's start-up (about 6 s per instance under Celery on a loaded 2-core machine,
-  ``bench/mapping.py``);
+* an instance should get at least ``min_pages`` pages: in Airflow, as many as it converts in the time
+  that makes its measured fixed cost (start-up, slot turnover) at most a tenth of its slot's time
+  (``olmocr_tasks.run.instance_costs``, measured on the output location's last run); before any
+  measurement, and in the CLI, a convert task's request window (``max_concurrent_requests``);
 * the number of instances is a whole number of *waves* of ``S``:
   ``n = S * max(min_waves, P // (S * min_pages))``, so no instance runs alone after the others
   finished; a small run (``P < S * min_pages``) still spreads over all ``S`` slots, so every worker

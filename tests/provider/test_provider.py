@@ -707,3 +707,49 @@ def test_event_dag_plan_body_converts_exactly_the_objects_its_triggering_events_
     assert {doc["status"] for doc in docs.values()} == {"converted"}
     # The events are read inside plan: every XCom stays a small reference, whatever the events name.
     assert all(len(json.dumps(value)) < 4096 for value in run.xcom.values())
+
+
+def test_publish_measures_the_convert_instances_and_the_next_plan_sizes_instances_by_it(
+    tmp_path: Path, standin_conn: StandinServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """publish_manifest measures the run's instances from their XCom timings and keeps the result per
+    conversion key; the next run's plan sizes its instances by it instead of by the request window."""
+    from olmocr_tasks.location.layout import OutputLocation
+    from olmocr_tasks.run import instance_costs
+    from olmocr_tasks.testing import pdfgen
+
+    monkeypatch.setenv("OLMOCR_CONVERT_SLOTS", "2")
+    for name in ("OLMOCR_BATCH_PAGES", "OLMOCR_INSTANCE_OVERHEAD", "OLMOCR_LOW_CLASS_WAVES"):
+        monkeypatch.delenv(name, raising=False)
+    for doc_id in range(40):
+        pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(1, doc_id=doc_id))
+    params = {"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")}
+    first = RunTasks(params)
+    # No measurement yet: the request window (64 pages) makes one wave of the two slots.
+    assert [batch["documents"] for batch in first.plan()] == [20, 20]
+    # Two slots, each instance 0.25 s not converting and 2 s converting 2 pages.
+    first.xcom["convert", "return_value"] = [
+        {"pages": 2, "timing": {"started": 1000.0 + 2.25 * turn, "converting_s": 2.0, "ended": 1002.25 + 2.25 * turn}}
+        for turn in range(2)
+        for _slot in range(2)
+    ]
+    first.publish()
+    state = OutputLocation(str(tmp_path / "out")).state(
+        run_requests.build_request(first.ctx("publish_manifest")).conversion_key
+    )
+    costs = instance_costs.load(Storage(), state)
+    assert costs is not None
+    assert (costs.instances, costs.concurrency, costs.fixed_cost_s, costs.pages_per_s) == (4, 2, 0.25, 1.0)
+    # 0.25 s may be a tenth of the slot's time: 2.25 s of converting at 1 page/s, so 3 pages.
+    assert costs.min_pages(0.1) == 3
+    # 40 pages in waves of 2 slots x 3 pages: instances of 3-4 documents instead of two of 20.
+    sizes = [batch["documents"] for batch in RunTasks(params).plan()]
+    assert sum(sizes) == 40 and set(sizes) <= {3, 4}, sizes
+    # The run's own size and OLMOCR_BATCH_PAGES still win over the measurement.
+    # (The same DAG run planned again maps no fewer instances than before: empty ones fill the gap.)
+    assert [batch["documents"] for batch in RunTasks(params | {"batch_pages": 10}).plan() if batch["documents"]] == [
+        10
+    ] * 4
+    monkeypatch.setenv("OLMOCR_INSTANCE_OVERHEAD", "1.5")
+    with pytest.raises(AirflowFailException, match="OLMOCR_INSTANCE_OVERHEAD"):
+        RunTasks(params).plan()

@@ -1,0 +1,132 @@
+"""What a convert instance costs beside its pages, measured from a run's instances, and the size that pays for it.
+
+Every mapped convert instance pays a fixed cost that converts nothing: the scheduler's turn and the
+worker's process start-up before it, its DAG parse, request and storage set-up, and the slot standing
+empty between it and the next instance. Sized by pages alone (a request window), instances of a fast
+server are over in a few seconds and that cost is most of their slot's time (bench/README Run 17:
+32 instances of 15 one-page documents ran at 0.56x of the CLI). So the plan sizes instances by time:
+an instance should convert for long enough that its fixed cost is at most ``overhead_fraction`` of its
+slot's time, i.e. for ``fixed_cost_s * (1 - f) / f`` seconds, at the rate an instance converts.
+
+Both figures are measured, not guessed: ``publish_manifest`` measures the run's instances
+(``measure``) and keeps the result beside the conversion key's state; the next run's plan reads it.
+A run on an output location with no measurement yet (its first) sizes by the request window as before.
+
+* ``concurrency``: the most instances that ran at once (a sweep over their start and end times);
+* ``pages_per_s``: pages per second of converting, per instance (its share of the server);
+* ``fixed_cost_s``: slot time not spent converting, per instance: ``(concurrency * span - sum of
+  converting seconds) / instances``. It includes the start-up inside the task before the batch
+  starts, the turnover between instances and the wait for the last one: all of what more instances
+  would cost more of.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from olmocr_tasks.core.clock import utc_now
+from olmocr_tasks.location.layout import ConversionState
+from olmocr_tasks.storage.store import Storage
+
+# An instance's fixed cost should be at most this share of its slot's time.
+DEFAULT_OVERHEAD_FRACTION = 0.1
+# A measurement the plan reads is a small JSON object; anything bigger is not ours.
+_MAX_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class InstanceTiming:
+    """One convert instance: when it started running and ended (epoch seconds), how long it converted."""
+
+    started: float
+    ended: float
+    converting_s: float
+    pages: int
+
+
+@dataclass(frozen=True)
+class InstanceCosts:
+    fixed_cost_s: float
+    pages_per_s: float
+    concurrency: int
+    instances: int
+    measured_at: str = ""
+
+    def min_pages(self, overhead_fraction: float = DEFAULT_OVERHEAD_FRACTION) -> int:
+        """Pages an instance needs for its fixed cost to be at most ``overhead_fraction`` of its slot time."""
+        if not 0 < overhead_fraction < 1:
+            raise ValueError(f"overhead_fraction must be between 0 and 1, not {overhead_fraction}")
+        converting_s = self.fixed_cost_s * (1 - overhead_fraction) / overhead_fraction
+        return max(1, math.ceil(self.pages_per_s * converting_s))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> InstanceCosts | None:
+        """None for anything that is not a sane measurement (a tampered or foreign object is ignored)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            costs = cls(
+                fixed_cost_s=float(data["fixed_cost_s"]),
+                pages_per_s=float(data["pages_per_s"]),
+                concurrency=int(data["concurrency"]),
+                instances=int(data["instances"]),
+                measured_at=str(data.get("measured_at", "")),
+            )
+        except (KeyError, TypeError, ValueError, OverflowError):
+            return None
+        finite = all(math.isfinite(value) for value in (costs.fixed_cost_s, costs.pages_per_s))
+        # Bounds that no real deployment reaches: an hour of fixed cost, a million pages a second.
+        if not finite or not (0 <= costs.fixed_cost_s <= 3600 and 0 < costs.pages_per_s <= 1e6):
+            return None
+        return costs
+
+
+def measure(timings: Iterable[InstanceTiming]) -> InstanceCosts | None:
+    """The costs of a run's instances; None when they converted nothing (no rate to size by)."""
+    items = [timing for timing in timings if timing.ended >= timing.started and timing.converting_s >= 0]
+    converting = sum(timing.converting_s for timing in items)
+    pages = sum(timing.pages for timing in items)
+    if not items or converting <= 0 or pages <= 0:
+        return None
+    span = max(timing.ended for timing in items) - min(timing.started for timing in items)
+    concurrency = _most_at_once(items)
+    fixed = max(0.0, (concurrency * span - converting) / len(items))
+    return InstanceCosts(
+        fixed_cost_s=round(fixed, 3),
+        pages_per_s=round(pages / converting, 3),
+        concurrency=concurrency,
+        instances=len(items),
+        measured_at=utc_now(),
+    )
+
+
+def _most_at_once(items: list[InstanceTiming]) -> int:
+    # Ends sort before starts at the same instant: an instance that starts as another ends reuses its slot.
+    events = sorted([(timing.started, 1) for timing in items] + [(timing.ended, -1) for timing in items])
+    running = most = 0
+    for _, change in events:
+        running += change
+        most = max(most, running)
+    return most
+
+
+def load(storage: Storage, state: ConversionState) -> InstanceCosts | None:
+    """The last measurement kept for this conversion key, or None (none yet, or not readable as one)."""
+    raw = storage.read_bytes_or_none(state.instance_costs)
+    if raw is None or len(raw) > _MAX_BYTES:
+        return None
+    try:
+        return InstanceCosts.from_dict(json.loads(raw))
+    except ValueError:
+        return None
+
+
+def save(storage: Storage, state: ConversionState, costs: InstanceCosts) -> None:
+    storage.write_bytes_atomic(state.instance_costs, json.dumps(costs.to_dict(), sort_keys=True).encode())
