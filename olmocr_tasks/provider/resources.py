@@ -2,11 +2,17 @@
 
 Sampling a task process from outside misses short peaks and cannot tell the task from the Celery
 process that forked it; the kernel keeps the exact figure: ``getrusage(RUSAGE_SELF).ru_maxrss`` is
-the largest resident set this process has had (a forked process starts its own count), and
-``RUSAGE_CHILDREN`` the largest of the children it has reaped (the render workers, once their pool
-is closed), reported apart because the two are never resident at their peaks at once. The tasks call
-``log_peak_memory`` last, so the line in each attempt's log is the attempt's whole peak;
-``bench/airflow_scale.py`` reads it from the task logs to compare runs of 10,000 and 100,000 documents.
+the largest resident set this process has had (a forked process starts its own count; pages it still
+shares with the process it was forked from are resident in it too, as ``ps`` counts them).
+``RUSAGE_CHILDREN`` is the largest of the children it has reaped (the render workers, once their pool
+is closed), reported apart. On Linux that figure is at least this process's own resident size when it
+started the child: exec records the high-water mark of the memory it replaces, which for a child
+started by ``subprocess`` is its parent's. So it bounds a render worker's peak from above and grows
+only when a worker outgrows the task process.
+
+The tasks call ``log_peak_memory`` last, so the line in each attempt's log is the attempt's whole
+peak; ``bench/airflow_scale.py`` reads it from the task logs to compare runs of 10,000 and 100,000
+documents.
 """
 
 from __future__ import annotations
