@@ -6,7 +6,8 @@ empty between it and the next instance. Sized by pages alone (a request window),
 server are over in a few seconds and that cost is most of their slot's time (bench/README Run 17:
 32 instances of 15 one-page documents ran at 0.56x of the CLI). So the plan sizes instances by time:
 an instance should convert for long enough that its fixed cost is at most ``overhead_fraction`` of its
-slot's time, i.e. for ``fixed_cost_s * (1 - f) / f`` seconds, at the rate an instance converts.
+slot's time, i.e. for ``fixed_cost_s * (1 - f) / f`` seconds (at most ``MAX_CONVERTING_S``), at the
+rate an instance converts.
 
 Both figures are measured, not guessed: ``publish_manifest`` measures the run's instances
 (``measure``) and keeps the result beside the conversion key's state; the next run's plan reads it.
@@ -34,6 +35,10 @@ from olmocr_tasks.storage.store import Storage
 
 # An instance's fixed cost should be at most this share of its slot's time.
 DEFAULT_OVERHEAD_FRACTION = 0.1
+# The longest an instance is sized to convert, whatever the measurement: a run that shared its slots
+# with another run measures the other's instances as its own turnover, and instances of hours would
+# make a retry repeat hours and an urgent run beyond the reserved slot wait for hours.
+MAX_CONVERTING_S = 600.0
 # A measurement the plan reads is a small JSON object; anything bigger is not ours.
 _MAX_BYTES = 4096
 
@@ -60,7 +65,7 @@ class InstanceCosts:
         """Pages an instance needs for its fixed cost to be at most ``overhead_fraction`` of its slot time."""
         if not 0 < overhead_fraction < 1:
             raise ValueError(f"overhead_fraction must be between 0 and 1, not {overhead_fraction}")
-        converting_s = self.fixed_cost_s * (1 - overhead_fraction) / overhead_fraction
+        converting_s = min(self.fixed_cost_s * (1 - overhead_fraction) / overhead_fraction, MAX_CONVERTING_S)
         return max(1, math.ceil(self.pages_per_s * converting_s))
 
     def to_dict(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 
 from olmocr_tasks.location.layout import OutputLocation
 from olmocr_tasks.run import instance_costs
-from olmocr_tasks.run.instance_costs import InstanceCosts, InstanceTiming, measure
+from olmocr_tasks.run.instance_costs import MAX_CONVERTING_S, InstanceCosts, InstanceTiming, measure
 from olmocr_tasks.storage.store import Storage
 
 
@@ -59,6 +59,8 @@ def test_the_size_that_pays_for_an_instance_scales_with_its_rate_and_fixed_cost(
     assert InstanceCosts(2.0, 16.0, 2, 4).min_pages(0.1) == 2 * costs.min_pages(0.1)
     assert InstanceCosts(4.0, 8.0, 2, 4).min_pages(0.1) == 2 * costs.min_pages(0.1)
     assert InstanceCosts(0.0, 8.0, 2, 4).min_pages(0.1) == 1
+    # A fixed cost inflated by another run's instances never sizes an instance past ten minutes.
+    assert InstanceCosts(600.0, 8.0, 2, 4).min_pages(0.1) == 8 * MAX_CONVERTING_S
     with pytest.raises(ValueError, match="overhead_fraction"):
         costs.min_pages(1.0)
 
