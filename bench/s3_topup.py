@@ -372,8 +372,10 @@ def _summary(store: Store, bucket: str, run_id: str) -> dict[str, Any] | None:
     return json.loads(body)
 
 
-def template_history(store: Store, work: Path, server: str, documents: int) -> tuple[HistoryPattern, dict[str, Any]]:
-    bucket = "s3-topup-template"
+def template_history(
+    store: Store, work: Path, server: str, documents: int, tag: str
+) -> tuple[HistoryPattern, dict[str, Any]]:
+    bucket = f"s3-topup-{tag}-template"
     store.create_bucket(bucket)
     store.put_many(bucket, ((input_key(doc_id), one_page_pdf(doc_id, LINES)) for doc_id in range(documents)))
     measured = _convert(store, bucket, HISTORY_RUN, server, work / "template.log")
@@ -498,9 +500,9 @@ def model_s3(planning: dict[str, int], batches: dict[str, int], publishing: dict
 
 
 def measure_size(
-    store: Store, pattern: HistoryPattern, documents: int, work: Path, server: str, probe_repeats: int
+    store: Store, pattern: HistoryPattern, documents: int, work: Path, server: str, probe_repeats: int, tag: str
 ) -> dict[str, Any]:
-    bucket = f"s3-topup-{documents}"
+    bucket = f"s3-topup-{tag}-{documents}"
     store.create_bucket(bucket)
     started = time.perf_counter()
     put = store.put_many(bucket, pattern.history(bucket, documents))
@@ -598,10 +600,12 @@ def main(argv: list[str] | None = None) -> int:
     path = RECORDS / f"s3_topup-{utc}.json"
     try:
         with standin(CPU_BOUND) as server:
-            pattern, record["template"] = template_history(store, work, server.url, args.template)
+            # Buckets named by this invocation: a server kept from an earlier one may still hold its buckets.
+            tag = utc.lower()
+            pattern, record["template"] = template_history(store, work, server.url, args.template, tag)
             print(json.dumps({"template": record["template"]["per_document_kinds"]}), flush=True)
             for documents in args.history:
-                row = measure_size(store, pattern, documents, work, server.url, args.probe_repeats)
+                row = measure_size(store, pattern, documents, work, server.url, args.probe_repeats, tag)
                 row["at"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
                 record["sizes"].append(row)
                 path.write_text(json.dumps(record, indent=1) + "\n")
