@@ -11,10 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 
-def task_instance_mutation_hook(task_instance: Any) -> None:
+def task_instance_mutation_hook(task_instance: Any, dag_run: Any = None) -> None:
+    # ``dag_run`` must be declared: Airflow passes a local-settings hook only as many of the hookspec's
+    # arguments as the function declares, and without its run the policy cannot tell a convert
+    # instance's class (it leaves the instance as it is).
     # Imported when called, not when loaded: Airflow loads this module while it initialises, and the
     # policy module imports Airflow, so a process whose first import is the policy module would find
     # it half-initialised here.
     from olmocr_tasks.provider.policy import task_instance_mutation_hook as place_by_priority
 
-    place_by_priority(task_instance)
+    place_by_priority(task_instance, dag_run)

@@ -226,6 +226,38 @@ def test_a_low_priority_run_is_planned_like_others_and_renders_niced(monkeypatch
         render_nice(LOW)
 
 
+def test_the_plugins_folder_local_settings_place_a_convert_instance_as_airflow_loads_them() -> None:
+    """A deployment that relies on ``plugins/airflow_local_settings.py`` (no installed entry point) gets
+    the same placement: loaded the way Airflow loads local settings (its shim forwards only the
+    arguments the function declares), the hook receives the run and places the instance."""
+    import importlib.util
+
+    import pluggy
+    from airflow import policies
+
+    from olmocr_tasks.testing.airflow_env import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location(
+        "airflow_local_settings", REPO_ROOT / "plugins" / "airflow_local_settings.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    manager = pluggy.PluginManager(policies.local_settings_hookspec.project_name)
+    manager.add_hookspecs(policies)
+    policies.make_plugin_from_local_settings(manager, module, {"task_instance_mutation_hook"})
+    ti = _convert_ti()
+    manager.hook.task_instance_mutation_hook(
+        task_instance=ti, dag_run=SimpleNamespace(run_type="manual", conf={"documents": ["a.pdf"]})
+    )
+    assert ti.priority_weight == AIRFLOW_WEIGHT[HIGH]
+    backfill = _convert_ti()
+    manager.hook.task_instance_mutation_hook(
+        task_instance=backfill, dag_run=SimpleNamespace(run_type="backfill", conf={})
+    )
+    assert backfill.priority_weight == AIRFLOW_WEIGHT[LOW]
+
+
 def _niceness_after_giving_way(render_nice: int, others: int) -> tuple[int, int, int, list[int], bool]:
     """In a forked process: give way with ``others`` other active runs; the niceness of this process
     before and after, what is left for the engine, the niceness of a thread and a child started
