@@ -5,7 +5,7 @@ like any other when it is alone: niceness costs a run that has the machine to it
 Airflow's own components on a small worker host. So a low-priority convert instance starts at normal
 priority, and ``CompetitionWatch`` asks Airflow every few seconds (through the Task SDK, like any task's
 read of run state: no database access from the task) whether another run of a conversion DAG is queued
-or running; the first time one is, the whole task process and its render workers are niced
+or running (every 2 s); the first time one is, the whole task process and its render workers are niced
 (``core.niceness``) for the rest of the attempt. Niceness cannot be given back without privilege, and
 an instance is short enough that it need not be: the next instance starts at normal priority again.
 
@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 # The packaged conversion DAGs (dags/); a deployment's own are named by OLMOCR_CONVERSION_DAGS.
 PACKAGED_CONVERSION_DAGS = ("olmocr_ingest", "olmocr_s3_events")
 # Seconds between two questions to Airflow: one query per conversion DAG, answered from indexed rows.
-DEFAULT_POLL_S = 5.0
+# An urgent one-page run lasts seconds, so the backfill beside it has to notice within a few.
+DEFAULT_POLL_S = 2.0
 ACTIVE_RUN_STATES = ["queued", "running"]
 
 

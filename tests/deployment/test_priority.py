@@ -56,6 +56,16 @@ def _converts(deployment: Deployment, run_id: str) -> list[dict[str, Any]]:
     return [ti for ti in deployment.api.task_instances(DAG, run_id) if ti["task_id"] == "convert"]
 
 
+def _convert_logs(deployment: Deployment, run_id: str) -> dict[int, str]:
+    """Each convert instance's log (every attempt), by map index."""
+    root = deployment.cluster.log_dir / "tasks" / f"dag_id={DAG}" / f"run_id={run_id}" / "task_id=convert"
+    logs: dict[int, str] = {}
+    for path in root.rglob("*.log"):
+        index = int(path.parent.name.removeprefix("map_index="))
+        logs[index] = logs.get(index, "") + path.read_text(errors="replace")
+    return logs
+
+
 def _one_page_run(deployment: Deployment, bucket: Bucket, prefix: str, name: str, doc_id: int) -> dict[str, Any]:
     source = bucket.put_pdf(f"{prefix}urgent/{name}.pdf", pages=1, doc_id=doc_id)
     output = bucket.uri(f"{prefix}out/")
@@ -159,6 +169,20 @@ def test_documents_run_overtakes_a_saturating_low_priority_run(
     #    fails without classes, and the stand-in's priority queue has its own tests (test_standin).
     records = deployment.standin.requests()
     assert {VLLM_PRIORITY[HIGH], VLLM_PRIORITY[LOW]} <= {record["priority"] for record in records}
+    # 4. The CPU: a big-run instance that started while the urgent run was active niced itself (it asks
+    #    Airflow whether another conversion run is active as it starts, and every 2 s after). Started
+    #    3 s before the urgent run ended at the latest: its question comes after its DAG parse.
+    urgent_from, urgent_until = _at(loaded["start_date"]), _at(loaded["end_date"]) - timedelta(seconds=3)
+    started_beside = [
+        ti["map_index"]
+        for ti in big_converts
+        if ti["start_date"] is not None and urgent_from <= _at(ti["start_date"]) < urgent_until
+    ]
+    logs = _convert_logs(deployment, big_id)
+    gave_way = sorted(index for index, text in logs.items() if "low-priority instance gives way" in text)
+    print(f"big-run instances started beside the urgent run: {started_beside}; gave way: {gave_way}")
+    assert gave_way, "no big-run instance niced itself while the urgent run was active"
+    assert set(started_beside) <= set(gave_way), (started_beside, gave_way)
     low = [r for r in records if r.get("priority") == VLLM_PRIORITY[LOW] and r.get("started") is not None]
     urgent_pages = [r for r in records if r.get("priority") == VLLM_PRIORITY[HIGH] and r["seq"] > idle_seq]
     page = min(urgent_pages, key=lambda r: r["seq"])
