@@ -9,9 +9,13 @@ concurrency):
   (``olmocr_tasks.run.instance_costs``, measured on the output location's last run); before any
   measurement, and in the CLI, a convert task's request window (``max_concurrent_requests``);
 * the number of instances is a whole number of *waves* of ``S``:
-  ``n = S * max(min_waves, P // (S * min_pages))``, so no instance runs alone after the others
-  finished; a small run (``P < S * min_pages``) still spreads over all ``S`` slots, so every worker
-  renders;
+  ``n = S * max(min_waves, min(max_waves, P // (S * min_pages)))``, so no instance runs alone after the
+  others finished; a small run (``P < S * min_pages``) still spreads over all ``S`` slots, so every
+  worker renders;
+* ``max_waves`` (default: none) bounds the waves while instances are sized by the request window alone
+  (no measured cost yet): each wave pays every slot an instance's fixed cost, so a first run of 10,000
+  one-page documents is 8 waves of ~312 pages, not 39 of 64 whose fixed cost would be a third of their
+  time on a fast server;
 * ``min_waves`` (default 1) cuts a run into at least that many waves (``OLMOCR_LOW_CLASS_WAVES`` for
   low-priority runs, ``W``): up to ``W`` waves, as many as give each instance at least ``min_pages / W``
   pages, so slots turn over every ``1 / (S * W)`` of the run. Off by default: each instance pays a fixed
@@ -22,7 +26,7 @@ concurrency):
   classes"). A deployment without a reserved slot can set it to shorten the longest wait for a slot;
 * each instance's target is ``P / n`` pages: a document of at least that many pages gets its own
   instance, smaller ones are packed in discovery order, each pack cut where its pages come closest to
-  the target (or at ``max_documents`` documents);
+  the target (or at ``max_documents`` documents: by default 200, or the target when larger);
 * never more than ``max_batches`` (Airflow's ``max_map_length``): the target doubles until it fits.
 
 The rule is one stream (``Packing``) over the sources in discovery order that holds two packs at most:
@@ -51,6 +55,13 @@ DEFAULT_PARALLEL = 4
 # Waves of a low-priority run (see the module docstring): 1, cut like any other run. A low-priority run
 # gives way by its pool weight, the reserved pool, vLLM's priority and niceness while others run.
 LOW_CLASS_MIN_WAVES = 1
+# The most waves a run is cut into while its instances are sized by the request window alone (a
+# location's first run in Airflow): see the module docstring.
+UNMEASURED_MAX_WAVES = 8
+# The most documents a pack holds unless its target is larger: the target already bounds a pack (every
+# document counts at least one page), and a pack cut short of it by count would bring back the
+# instances the target sized away.
+DEFAULT_MAX_DOCUMENTS = 200
 
 
 @dataclass(frozen=True)
@@ -61,12 +72,17 @@ class BatchingRule:
     parallel: int = DEFAULT_PARALLEL
     max_batches: int = 1024
     bytes_per_page: int = DEFAULT_BYTES_PER_PAGE
-    max_documents: int = 200
+    # None: DEFAULT_MAX_DOCUMENTS, or the target when it is larger (see DEFAULT_MAX_DOCUMENTS).
+    max_documents: int | None = None
     min_waves: int = 1
+    max_waves: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("min_pages", "parallel", "max_batches", "bytes_per_page", "max_documents", "min_waves"):
+        for name in ("min_pages", "parallel", "max_batches", "bytes_per_page", "min_waves"):
             if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        for name in ("max_documents", "max_waves"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
 
     def estimated_pages(self, source: SourceDocument) -> int:
@@ -75,6 +91,8 @@ class BatchingRule:
     def target_pages(self, total_pages: int) -> float:
         """Pages one instance should get for a run of ``total_pages``: a whole number of waves."""
         waves = max(1, total_pages // (self.parallel * self.min_pages))
+        if self.max_waves is not None:
+            waves = min(waves, self.max_waves)
         if self.min_waves > 1:
             # More waves, but instances no shorter than a min_waves-th of min_pages: a small run is not
             # cut into instances that each pay Airflow's start-up for a page or two.
@@ -110,7 +128,8 @@ class Packing:
         """The packing of a run of ``total_pages`` estimated pages that gives at most ``rule.max_batches``
         packs: the target (and the documents a pack may hold) doubles until it fits. ``sources`` gives
         the run's sources afresh for each counting pass."""
-        packing = cls(rule.target_pages(total_pages), rule.max_documents)
+        target = rule.target_pages(total_pages)
+        packing = cls(target, rule.max_documents or max(DEFAULT_MAX_DOCUMENTS, math.ceil(target)))
         while sum(1 for _ in packing.packs(sources(), rule)) > rule.max_batches:
             packing = cls(packing.target * 2, packing.max_documents * 2)
         return packing

@@ -91,3 +91,25 @@ def test_a_low_priority_run_is_cut_like_any_other_unless_waves_are_set() -> None
     assert len(pack_batches(many, low)) == len(pack_batches(many, normal))
     with pytest.raises(ValueError, match="min_waves"):
         BatchingRule(min_waves=0)
+
+
+def test_a_run_sized_by_the_window_alone_is_cut_into_at_most_max_waves() -> None:
+    """Before any measured cost, each wave pays every slot an instance's fixed cost: a big run is cut
+    into max_waves waves of larger instances rather than one wave per request window of pages."""
+    sources = _documents(*[1] * 10_000)
+    uncapped = BatchingRule(min_pages=64, parallel=4, bytes_per_page=PAGE)
+    capped = BatchingRule(min_pages=64, parallel=4, bytes_per_page=PAGE, max_waves=8)
+    assert len(pack_batches(sources, uncapped)) == 4 * (10_000 // 256)
+    batches = pack_batches(sources, capped)
+    # 32 targets of 312.5 pages; packs are cut at the page nearest their target, so the rounding may
+    # leave a remainder of its own.
+    assert len(batches) in (4 * 8, 4 * 8 + 1)
+    assert all(312 <= len(batch) <= 313 for batch in batches[:-1])
+    assert sorted(source.uri for batch in batches for source in batch) == sorted(source.uri for source in sources)
+    # A run with fewer waves than the cap is cut as before, and an explicit floor of waves still wins.
+    small = _documents(*[1] * 480)
+    assert _shape(pack_batches(small, capped)) == _shape(pack_batches(small, uncapped)) == [120] * 4
+    floored = BatchingRule(min_pages=64, parallel=4, bytes_per_page=PAGE, max_waves=1, min_waves=3)
+    assert len(pack_batches(sources, floored)) in (4 * 3, 4 * 3 + 1)
+    with pytest.raises(ValueError, match="max_waves"):
+        BatchingRule(max_waves=0)
