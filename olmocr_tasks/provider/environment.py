@@ -68,7 +68,7 @@ def batch_pages() -> int:
 
 def instance_overhead() -> float:
     """``OLMOCR_INSTANCE_OVERHEAD``: the most of a convert slot's time an instance's fixed cost may take
-    (between 0 and 1, default 0.1); sizes instances from the last measured run's costs."""
+    (between 0 and 1, default 0.05); sizes instances from the last measured run's costs."""
     raw = os.environ.get("OLMOCR_INSTANCE_OVERHEAD")
     if not raw:
         return DEFAULT_OVERHEAD_FRACTION

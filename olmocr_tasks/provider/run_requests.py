@@ -230,7 +230,7 @@ def batching_rule(
 
     ``batch_pages`` (Param, default ``OLMOCR_BATCH_PAGES``); otherwise, from ``costs`` (what the last
     measured run's instances cost, ``olmocr_tasks.run.instance_costs``), the pages an instance needs
-    for its fixed cost to stay under ``OLMOCR_INSTANCE_OVERHEAD`` (default 0.1) of its slot's time;
+    for its fixed cost to stay under ``OLMOCR_INSTANCE_OVERHEAD`` (default 0.05) of its slot's time;
     without a measurement, the request window of a convert task, in at most ``UNMEASURED_MAX_WAVES``
     waves. ``OLMOCR_CONVERT_SLOTS``: convert
     instances that run at once (the pool's slots, at most workers times worker concurrency);

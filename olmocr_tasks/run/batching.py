@@ -14,8 +14,8 @@ concurrency):
   worker renders;
 * ``max_waves`` (default: none) bounds the waves while instances are sized by the request window alone
   (no measured cost yet): each wave pays every slot an instance's fixed cost, so a first run of 10,000
-  one-page documents is 8 waves of ~312 pages, not 39 of 64 whose fixed cost would be a third of their
-  time on a fast server;
+  one-page documents is 4 waves of 625 pages, not 39 of 64 whose fixed cost was a third of their
+  time on a fast server (bench/README Run 17);
 * ``min_waves`` (default 1) cuts a run into at least that many waves (``OLMOCR_LOW_CLASS_WAVES`` for
   low-priority runs, ``W``): up to ``W`` waves, as many as give each instance at least ``min_pages / W``
   pages, so slots turn over every ``1 / (S * W)`` of the run. Off by default: each instance pays a fixed
@@ -57,7 +57,7 @@ DEFAULT_PARALLEL = 4
 LOW_CLASS_MIN_WAVES = 1
 # The most waves a run is cut into while its instances are sized by the request window alone (a
 # location's first run in Airflow): see the module docstring.
-UNMEASURED_MAX_WAVES = 8
+UNMEASURED_MAX_WAVES = 4
 # The most documents a pack holds unless its target is larger: the target already bounds a pack (every
 # document counts at least one page), and a pack cut short of it by count would bring back the
 # instances the target sized away.

@@ -33,8 +33,11 @@ from olmocr_tasks.core.clock import utc_now
 from olmocr_tasks.location.layout import ConversionState
 from olmocr_tasks.storage.store import Storage
 
-# An instance's fixed cost should be at most this share of its slot's time.
-DEFAULT_OVERHEAD_FRACTION = 0.1
+# An instance's fixed cost should be at most this share of its slot's time: with the ~2 s an instance
+# costs under Celery (bench/README Run 17: 1.99 s), 38 s of converting. A tenth would leave about 0.88x
+# of the CLI's throughput at 10,000 one-page documents once the run's own fixed cost (plan, publish)
+# is added, under the 0.9 the project aims for.
+DEFAULT_OVERHEAD_FRACTION = 0.05
 # The longest an instance is sized to convert, whatever the measurement: a run that shared its slots
 # with another run measures the other's instances as its own turnover, and instances of hours would
 # make a retry repeat hours and an urgent run beyond the reserved slot wait for hours.
