@@ -578,8 +578,9 @@ def main(argv: list[str] | None = None) -> int:
             "priority_class": "auto (low)",
             "schedule": SCHEDULE,
             "env": args.env,
+            # The components get no OLMOCR_ variable of this shell (the cluster leaves them out): only --env.
             "batch_env": {
-                name: os.environ.get(name) or extra_env.get(name)
+                name: extra_env.get(name)
                 for name in ("OLMOCR_BATCH_PAGES", "OLMOCR_BYTES_PER_PAGE", "OLMOCR_LOW_CLASS_WAVES")
             },
         },
