@@ -21,7 +21,7 @@ from olmocr_tasks.inference.priority import LOW, RENDER_NICE, VLLM_PRIORITY, run
 from olmocr_tasks.provider import DEFAULT_CONN_ID, environment
 from olmocr_tasks.provider.hooks import VllmHook
 from olmocr_tasks.provider.params import DEFAULT_LOOKBACK_INTERVALS, DEFAULT_SCOPE, SCOPES
-from olmocr_tasks.run.batching import UNMEASURED_MAX_WAVES, BatchingRule
+from olmocr_tasks.run.batching import UNMEASURED_MAX_PAGES, UNMEASURED_MAX_WAVES, BatchingRule
 from olmocr_tasks.run.instance_costs import InstanceCosts
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.run.settings import RunSettings
@@ -232,7 +232,7 @@ def batching_rule(
     measured run's instances cost, ``olmocr_tasks.run.instance_costs``), the pages an instance needs
     for its fixed cost to stay under ``OLMOCR_INSTANCE_OVERHEAD`` (default 0.05) of its slot's time;
     without a measurement, the request window of a convert task, in at most ``UNMEASURED_MAX_WAVES``
-    waves. ``OLMOCR_CONVERT_SLOTS``: convert
+    waves of at most ``UNMEASURED_MAX_PAGES`` pages each. ``OLMOCR_CONVERT_SLOTS``: convert
     instances that run at once (the pool's slots, at most workers times worker concurrency);
     ``OLMOCR_BYTES_PER_PAGE``: the page estimate from listed sizes. ``OLMOCR_LOW_CLASS_WAVES`` cuts a
     low-priority run into more waves of shorter instances (default 1: none), unless the run names its
@@ -241,7 +241,8 @@ def batching_rule(
     named_size = params.get("batch_pages")
     min_pages = named_size or environment.batch_pages()
     # Sized by the window alone (nothing measured yet): at most UNMEASURED_MAX_WAVES waves.
-    max_waves = UNMEASURED_MAX_WAVES if not min_pages and costs is None else None
+    unmeasured = not min_pages and costs is None
+    max_waves, max_pages = (UNMEASURED_MAX_WAVES, UNMEASURED_MAX_PAGES) if unmeasured else (None, None)
     if not min_pages and costs is not None:
         min_pages = costs.min_pages(environment.instance_overhead())
     short_waves = priority_class == LOW and not named_size
@@ -253,6 +254,7 @@ def batching_rule(
             bytes_per_page=environment.bytes_per_page(),
             min_waves=environment.low_class_waves() if short_waves else 1,
             max_waves=max_waves,
+            max_pages=max_pages,
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None

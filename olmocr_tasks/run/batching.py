@@ -12,10 +12,12 @@ concurrency):
   ``n = S * max(min_waves, min(max_waves, P // (S * min_pages)))``, so no instance runs alone after the
   others finished; a small run (``P < S * min_pages``) still spreads over all ``S`` slots, so every
   worker renders;
-* ``max_waves`` (default: none) bounds the waves while instances are sized by the request window alone
-  (no measured cost yet): each wave pays every slot an instance's fixed cost, so a first run of 10,000
-  one-page documents is 4 waves of 625 pages, not 39 of 64 whose fixed cost was a third of their
-  time on a fast server (bench/README Run 17);
+* ``max_waves`` and ``max_pages`` (default: none) bound the waves while instances are sized by the
+  request window alone (no measured cost yet): each wave pays every slot an instance's fixed cost, so
+  a run gets at most ``max_waves`` waves, unless that would give an instance more than ``max_pages``
+  pages: a first run of 10,000 one-page documents on 2 slots is 5 waves of 1,000 pages, not 78 of 64
+  whose fixed cost was a third of their time on a fast server (bench/README Run 17), and one of
+  1,000,000 stays in instances of ~1,000 pages rather than 8 of 125,000;
 * ``min_waves`` (default 1) cuts a run into at least that many waves (``OLMOCR_LOW_CLASS_WAVES`` for
   low-priority runs, ``W``): up to ``W`` waves, as many as give each instance at least ``min_pages / W``
   pages, so slots turn over every ``1 / (S * W)`` of the run. Off by default: each instance pays a fixed
@@ -58,6 +60,9 @@ LOW_CLASS_MIN_WAVES = 1
 # The most waves a run is cut into while its instances are sized by the request window alone (a
 # location's first run in Airflow): see the module docstring.
 UNMEASURED_MAX_WAVES = 4
+# ... but never instances of more than this many pages then: 16 request windows, about 40 s of a fast
+# server's share and 10 minutes of a slow GPU's.
+UNMEASURED_MAX_PAGES = 1024
 # The most documents a pack holds unless its target is larger: the target already bounds a pack (every
 # document counts at least one page), and a pack cut short of it by count would bring back the
 # instances the target sized away.
@@ -76,12 +81,13 @@ class BatchingRule:
     max_documents: int | None = None
     min_waves: int = 1
     max_waves: int | None = None
+    max_pages: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("min_pages", "parallel", "max_batches", "bytes_per_page", "min_waves"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
-        for name in ("max_documents", "max_waves"):
+        for name in ("max_documents", "max_waves", "max_pages"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
 
@@ -93,6 +99,8 @@ class BatchingRule:
         waves = max(1, total_pages // (self.parallel * self.min_pages))
         if self.max_waves is not None:
             waves = min(waves, self.max_waves)
+        if self.max_pages is not None:
+            waves = max(waves, math.ceil(total_pages / (self.parallel * self.max_pages)))
         if self.min_waves > 1:
             # More waves, but instances no shorter than a min_waves-th of min_pages: a small run is not
             # cut into instances that each pay Airflow's start-up for a page or two.

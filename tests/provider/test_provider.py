@@ -756,7 +756,7 @@ def test_publish_measures_the_convert_instances_and_the_next_plan_sizes_instance
 
 
 def test_the_batching_rule_caps_waves_only_while_sized_by_the_window_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    from olmocr_tasks.run.batching import UNMEASURED_MAX_WAVES
+    from olmocr_tasks.run.batching import UNMEASURED_MAX_PAGES, UNMEASURED_MAX_WAVES
     from olmocr_tasks.run.instance_costs import InstanceCosts
     from olmocr_tasks.run.request import RunRequest
 
@@ -764,10 +764,11 @@ def test_the_batching_rule_caps_waves_only_while_sized_by_the_window_alone(monke
         monkeypatch.delenv(name, raising=False)
     request = RunRequest(input_uri="/in", output_uri="/out", run_id="r")
     window = run_requests.batching_rule({}, request, "normal")
-    assert (window.min_pages, window.max_waves) == (64, UNMEASURED_MAX_WAVES)
+    assert (window.min_pages, window.max_waves, window.max_pages) == (64, UNMEASURED_MAX_WAVES, UNMEASURED_MAX_PAGES)
     measured = run_requests.batching_rule({}, request, "normal", InstanceCosts(2.0, 8.0, 2, 4))
-    assert (measured.min_pages, measured.max_waves) == (304, None)  # 38 s of converting at 8 pages/s
+    # 38 s of converting at 8 pages/s.
+    assert (measured.min_pages, measured.max_waves, measured.max_pages) == (304, None, None)
     named = run_requests.batching_rule({"batch_pages": 10}, request, "normal")
-    assert (named.min_pages, named.max_waves) == (10, None)
+    assert (named.min_pages, named.max_waves, named.max_pages) == (10, None, None)
     monkeypatch.setenv("OLMOCR_BATCH_PAGES", "32")
     assert run_requests.batching_rule({}, request, "normal").max_waves is None

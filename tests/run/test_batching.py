@@ -109,7 +109,13 @@ def test_a_run_sized_by_the_window_alone_is_cut_into_at_most_max_waves() -> None
     # A run with fewer waves than the cap is cut as before, and an explicit floor of waves still wins.
     small = _documents(*[1] * 480)
     assert _shape(pack_batches(small, capped)) == _shape(pack_batches(small, uncapped)) == [120] * 4
+    # Never instances beyond max_pages: the waves grow again past max_waves.
+    bounded = BatchingRule(min_pages=64, parallel=2, bytes_per_page=PAGE, max_waves=4, max_pages=1024)
+    assert _shape(pack_batches(sources, bounded)) == [1000] * 10
+    assert _shape(pack_batches(_documents(*[1] * 2_000), bounded)) == [250] * 8
     floored = BatchingRule(min_pages=64, parallel=4, bytes_per_page=PAGE, max_waves=1, min_waves=3)
     assert len(pack_batches(sources, floored)) in (4 * 3, 4 * 3 + 1)
     with pytest.raises(ValueError, match="max_waves"):
         BatchingRule(max_waves=0)
+    with pytest.raises(ValueError, match="max_pages"):
+        BatchingRule(max_pages=0)
