@@ -562,6 +562,20 @@ def measure_size(
     return row
 
 
+def _shown_arguments(arguments: list[str]) -> list[str]:
+    """The command line as recorded: ``--work`` (a path of this machine) left out."""
+    shown: list[str] = []
+    skip = False
+    for argument in arguments:
+        if skip:
+            skip = False
+        elif argument == "--work":
+            skip = True
+        elif not argument.startswith("--work="):
+            shown.append(argument)
+    return shown
+
+
 def _git_head() -> str:
     return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
@@ -583,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "s3_topup",
         "utc": utc,
         "git_head": _git_head(),
-        "command": "python -m bench.s3_topup " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m bench.s3_topup " + " ".join(_shown_arguments(argv if argv is not None else sys.argv[1:])),
         "machine": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "settings": {
             "regime": CPU_BOUND.name,
