@@ -151,6 +151,9 @@ def test_ingest_dag_structure(dagbag: Any) -> None:
     # Deferrable: waits for a starting vLLM in the triggerer, not in a worker slot.
     assert type(dag.get_task("check_server")).__name__ == "CheckVllmServerOperator"
     assert convert.pool == "olmocr_vllm"
+    # Summaries travel as one XCom row per task instance, not one per key of the dict.
+    assert convert.multiple_outputs is False
+    assert dag.get_task("publish_manifest").multiple_outputs is False
     assert convert.map_index_template == "{{ batch_label }}"
     assert dag.get_task("publish_manifest").trigger_rule == TriggerRule.ALL_DONE
     assert dag.get_task("enforce_error_budget").trigger_rule == TriggerRule.ALL_DONE
