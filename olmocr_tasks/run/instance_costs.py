@@ -11,7 +11,8 @@ rate an instance converts.
 
 Both figures are measured, not guessed: ``publish_manifest`` measures the run's instances
 (``measure``) and keeps the result beside the conversion key's state; the next run's plan reads it.
-A run on an output location with no measurement yet (its first) sizes by the request window as before.
+A run on an output location with no measurement yet (its first) sizes by the request window as before;
+a run whose instances were too small to measure a rate by keeps the last measurement.
 
 * ``concurrency``: the most instances that ran at once (a sweep over their start and end times);
 * ``pages_per_s``: pages per second of converting, per instance (its share of the server);
@@ -42,6 +43,11 @@ DEFAULT_OVERHEAD_FRACTION = 0.05
 # with another run measures the other's instances as its own turnover, and instances of hours would
 # make a retry repeat hours and an urgent run beyond the reserved slot wait for hours.
 MAX_CONVERTING_S = 600.0
+# A run whose instances converted fewer pages than this on average measures nothing: such an instance
+# never fills its request window, and its set-up inside the batch (render workers, readiness) counts
+# as converting, so its rate is far below the server's (an 8-document warm-up measured 5.2 pages/s
+# per instance where 26.9 is true, and sized the next run's instances at 151 pages instead of ~1,000).
+MIN_PAGES_PER_INSTANCE = 64
 # A measurement the plan reads is a small JSON object; anything bigger is not ours.
 _MAX_BYTES = 4096
 
@@ -97,11 +103,12 @@ class InstanceCosts:
 
 
 def measure(timings: Iterable[InstanceTiming]) -> InstanceCosts | None:
-    """The costs of a run's instances; None when they converted nothing (no rate to size by)."""
+    """The costs of a run's instances; None when they converted too little to measure a rate by
+    (nothing, or fewer than ``MIN_PAGES_PER_INSTANCE`` pages an instance on average)."""
     items = [timing for timing in timings if timing.ended >= timing.started and timing.converting_s >= 0]
     converting = sum(timing.converting_s for timing in items)
     pages = sum(timing.pages for timing in items)
-    if not items or converting <= 0 or pages <= 0:
+    if not items or converting <= 0 or pages < MIN_PAGES_PER_INSTANCE * len(items):
         return None
     span = max(timing.ended for timing in items) - min(timing.started for timing in items)
     concurrency = _most_at_once(items)

@@ -727,9 +727,13 @@ def test_publish_measures_the_convert_instances_and_the_next_plan_sizes_instance
     first = RunTasks(params)
     # No measurement yet: the request window (64 pages) makes one wave of the two slots.
     assert [batch["documents"] for batch in first.plan()] == [20, 20]
-    # Two slots, each instance 0.25 s not converting and 2 s converting 2 pages.
+    # Two slots, each instance 8 ms not converting and 2 s converting 64 pages (a measurable instance
+    # fills its request window).
     first.xcom["convert", "return_value"] = [
-        {"pages": 2, "timing": {"started": 1000.0 + 2.25 * turn, "converting_s": 2.0, "ended": 1002.25 + 2.25 * turn}}
+        {
+            "pages": 64,
+            "timing": {"started": 1000.0 + 2.008 * turn, "converting_s": 2.0, "ended": 1002.008 + 2.008 * turn},
+        }
         for turn in range(2)
         for _slot in range(2)
     ]
@@ -739,8 +743,8 @@ def test_publish_measures_the_convert_instances_and_the_next_plan_sizes_instance
     )
     costs = instance_costs.load(Storage(), state)
     assert costs is not None
-    assert (costs.instances, costs.concurrency, costs.fixed_cost_s, costs.pages_per_s) == (4, 2, 0.25, 1.0)
-    # 0.25 s may be a twentieth of the slot's time (the default): 4.75 s of converting at 1 page/s.
+    assert (costs.instances, costs.concurrency, costs.fixed_cost_s, costs.pages_per_s) == (4, 2, 0.008, 32.0)
+    # 8 ms may be a twentieth of the slot's time (the default): 0.152 s of converting at 32 pages/s.
     assert costs.min_pages(0.05) == 5
     # 40 pages in waves of 2 slots x 5 pages: 8 instances of 5 documents instead of two of 20.
     sizes = [batch["documents"] for batch in RunTasks(params).plan()]

@@ -38,15 +38,18 @@ def test_the_measurement_is_the_slot_time_not_spent_converting_per_instance_and_
 
 
 def test_an_instance_starting_as_another_ends_reuses_its_slot() -> None:
-    back_to_back = [InstanceTiming(0, 10, 9, 9), InstanceTiming(10, 20, 9, 9)]
+    back_to_back = [InstanceTiming(0, 10, 9, 90), InstanceTiming(10, 20, 9, 90)]
     assert measure(back_to_back).concurrency == 1  # type: ignore[union-attr]
-    overlapping = [InstanceTiming(0, 10, 9, 9), InstanceTiming(9, 20, 9, 9)]
+    overlapping = [InstanceTiming(0, 10, 9, 90), InstanceTiming(9, 20, 9, 90)]
     assert measure(overlapping).concurrency == 2  # type: ignore[union-attr]
 
 
-def test_nothing_converted_measures_nothing() -> None:
+def test_nothing_converted_or_too_little_to_fill_a_window_measures_nothing() -> None:
     assert measure([]) is None
     assert measure([InstanceTiming(0, 5, 0.0, 0)]) is None
+    # A warm-up of 4 pages an instance: its set-up inside the batch would pass for a slow server.
+    assert measure([InstanceTiming(0, 2, 0.76, 4), InstanceTiming(0, 2, 0.77, 4)]) is None
+    assert measure([InstanceTiming(0, 5, 2.0, 64), InstanceTiming(0, 5, 2.0, 64)]) is not None
     # A timing whose end precedes its start (a clock step) is left out, not trusted.
     assert measure([InstanceTiming(10, 5, 3.0, 3)]) is None
 
