@@ -26,9 +26,13 @@ e. publish_manifest's running time, and time to first byte through the api-serve
 f. at 100,000: the plan within ``max_map_length``, and each task's peak against the latest 10,000 record.
 
 Documents of successive N in one invocation are distinct (they go to one output location, which the
-runs page reads), so none is skipped as already converted. Writes one raw record per invocation,
-``bench/records/airflow_scale-<UTC>.json``. Run it alone (``flock /tmp/olmocr-bench.lock``): it takes
-about 10 minutes at 10,000 documents on 2 cores, and 40 or more at 100,000.
+runs page reads), so none is skipped as already converted; a later N's plan sizes its instances from
+the measured cost of the earlier runs there, as a user's next run would (each row keeps the plan's own
+lines, with its rule). The warm-up run has a location of its own. Writes one raw record per
+invocation, ``bench/records/airflow_scale-<UTC>.json``, also when interrupted (Ctrl-C, SIGTERM, a
+timeout): ``complete`` false, and the interrupted run's rows, XCom, database growth and peaks as they
+stood. Run it alone (``flock /tmp/olmocr-bench.lock``): it takes about 10 minutes at 10,000 documents
+on 2 cores, and an hour or more at 100,000.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -413,18 +418,26 @@ def _wait_idle(api: Any, timeout: float = 900) -> None:
 
 
 def measure_run(
-    api: Any, db: MetadataDb, cluster: Any, corpus: Corpus, output: Path, max_map_length: int
+    api: Any,
+    db: MetadataDb,
+    cluster: Any,
+    corpus: Corpus,
+    output: Path,
+    max_map_length: int,
+    progress: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Trigger one scope=all run over ``corpus`` and measure items a-e."""
+    """Trigger one scope=all run over ``corpus`` and measure items a-e. ``progress`` gets the run's id
+    and start as soon as it is triggered, for ``run_costs`` when the measurement is interrupted."""
+    progress = {} if progress is None else progress
     _wait_idle(api)
-    before = db.snapshot()
+    progress["before"] = db.snapshot()
     load_before = _load()
     conf = {"input_uri": str(corpus.folder), "output_uri": str(output), "scope": "all"}
-    started_at = datetime.now(UTC)
-    started = time.monotonic()
+    progress["started_at"] = datetime.now(UTC)
+    progress["started"] = started = time.monotonic()
     response = api.trigger(DAG_ID, conf)
     response.raise_for_status()
-    run_id = response.json()["dag_run_id"]
+    progress["run_id"] = run_id = response.json()["dag_run_id"]
     manifest_path = Path(manifest_uri(str(output), f"{DAG_ID}__{run_id}"))
     timeout = max(1800.0, 0.2 * corpus.pages)
     state, last_check, last_report = "queued", 0.0, started
@@ -442,12 +455,10 @@ def measure_run(
     wall = time.monotonic() - started
     run = api.wait_for_run(DAG_ID, run_id, timeout=timeout)
     run_end_s = round(time.monotonic() - started, 2)
-    after = db.snapshot()
+    costs = run_costs(db, cluster, progress, max_map_length)
     summary = open_manifest(str(manifest_path)).summary if manifest_path.exists() else None
     ok, note, details = manifest_check(summary, corpus)
-    tis = db.task_instances(DAG_ID, run_id)
-    descriptors = db.plan_descriptors(DAG_ID, run_id)
-    publish = next((ti for ti in tis if ti["task_id"] == "publish_manifest"), None)
+    publish = costs["tasks"].get("publish_manifest") or {}
     run_key = manifest_path.name.removesuffix(".json")
     pages = time_pages(
         cluster.api_url, api.token, page_urls(run_id, run_key, len(corpus.documents), corpus.documents[-1][0])
@@ -464,19 +475,45 @@ def measure_run(
         "pages_per_s": round(corpus.pages / wall, 2) if ok else None,
         "load_before": load_before,
         "load_after": _load(),
-        "convert": mapped_instances(tis, descriptors, max_map_length),
-        "tasks": task_timeline(tis, started_at),
-        "publish_manifest_running_s": _seconds(publish["start_date"], publish["end_date"]) if publish else None,
+        "publish_manifest_running_s": publish.get("running_s"),
+        **costs,
+        "pages": pages,
+    }
+
+
+def run_costs(db: MetadataDb, cluster: Any, progress: dict[str, Any], max_map_length: int) -> dict[str, Any]:
+    """Items b, c and d of the run in ``progress`` as they stand (the whole run once it has ended)."""
+    run_id = progress["run_id"]
+    after = db.snapshot()
+    tis = db.task_instances(DAG_ID, run_id)
+    return {
+        "plan_log": plan_log(cluster.log_dir / "tasks", run_id),
+        "convert": mapped_instances(tis, db.plan_descriptors(DAG_ID, run_id), max_map_length),
+        "tasks": task_timeline(tis, progress["started_at"]),
         "xcom": db.xcom(DAG_ID, run_id),
         "database": {
-            "before": before,
+            "before": progress["before"],
             "after": after,
-            "added": _growth(before, after),
+            "added": _growth(progress["before"], after),
             "rows_of_the_run": db.run_rows(run_id),
         },
         "peak_memory": peak_memory(cluster.log_dir / "tasks", run_id),
-        "pages": pages,
     }
+
+
+def plan_log(log_root: Path, run_id: str) -> list[str]:
+    """What the plan said about the run (how many to convert, how it packed them and by which rule)."""
+    lines = []
+    for path in sorted((log_root / f"dag_id={DAG_ID}" / f"run_id={run_id}" / "task_id=plan").glob("attempt=*.log")):
+        with path.open(errors="replace") as log:
+            for raw in log:
+                try:
+                    event = json.loads(raw)
+                except ValueError:
+                    continue
+                if str(event.get("logger", "")).startswith("olmocr_tasks.run"):
+                    lines.append(str(event.get("event", ""))[:1000])
+    return lines
 
 
 # ------------------------------------------------------------------------------------- comparison
@@ -553,6 +590,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lines", type=int, default=DEFAULT_LINES, help="text lines on each page")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra component env")
     args = parser.parse_args(argv)
+    # SIGTERM ends it like Ctrl-C: the record of what was measured is written, the cluster stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     from olmocr_tasks.testing.airflow_env import vllm_connection
     from olmocr_tasks.testing.cluster import ADMIN_USER, AirflowApi, AirflowCluster, ClusterSettings
@@ -608,9 +647,10 @@ def main(argv: list[str] | None = None) -> int:
             record["settings"]["max_map_length"] = max_map_length
             api.wait_for_dag(DAG_ID)
             api.set_paused(DAG_ID, False)
-            # A warm-up run: the first run after start pays the workers' first imports.
+            # A warm-up run: the first run after start pays the workers' first imports. Its own output
+            # location: a plan sizes instances from the measured cost of earlier runs in its location.
             warm = one_page_corpus(work / "warm-up", 90_000_000, 8, args.lines)
-            warm_row = measure_run(api, db, cluster, warm, output, max_map_length)
+            warm_row = measure_run(api, db, cluster, warm, work / "warm-up-output", max_map_length)
             print(f"warm-up: ok {warm_row['ok']}, {warm_row['trigger_to_manifest_s']} s", flush=True)
             start = 0
             for documents in args.documents:
@@ -632,7 +672,15 @@ def main(argv: list[str] | None = None) -> int:
                         "load_before": cli.measurement.load_before if cli.measurement else None,
                     }
                     print(f"{documents}: CLI {row['cli']}", flush=True)
-                airflow = measure_run(api, db, cluster, corpus, output, max_map_length)
+                progress: dict[str, Any] = {}
+                try:
+                    airflow = measure_run(api, db, cluster, corpus, output, max_map_length, progress)
+                except BaseException as exc:
+                    # Interrupted (Ctrl-C, SIGTERM, a timeout): what the run had done, from the
+                    # database and the task logs, before the cluster and its database go.
+                    row["airflow"] = {"interrupted": repr(exc), **_partial(db, cluster, progress, max_map_length)}
+                    record["runs"].append(row)
+                    raise
                 row["airflow"] = airflow
                 if airflow["pages_per_s"] and row.get("cli", {}).get("pages_per_s"):
                     row["ratio_to_cli"] = round(airflow["pages_per_s"] / row["cli"]["pages_per_s"], 3)
@@ -641,16 +689,33 @@ def main(argv: list[str] | None = None) -> int:
                 record["runs"].append(row)
                 _print_row(row)
             api.close()
+            record["complete"] = True
         finally:
             if db is not None:
                 db.close()
             cluster.stop()
+            _write(record)
+    return 0
+
+
+def _partial(db: MetadataDb, cluster: Any, progress: dict[str, Any], max_map_length: int) -> dict[str, Any]:
+    if "run_id" not in progress:
+        return {}
+    try:
+        costs = run_costs(db, cluster, progress, max_map_length)
+    except Exception as exc:  # the database may be gone: keep what the logs say
+        costs = {"costs_error": repr(exc), "peak_memory": peak_memory(cluster.log_dir / "tasks", progress["run_id"])}
+    return {"run_id": progress["run_id"], "elapsed_s": round(time.monotonic() - progress["started"], 1), **costs}
+
+
+def _write(record: dict[str, Any]) -> None:
+    """The raw record, complete or not (``complete``: the invocation measured every N to the end)."""
     record["ended"] = datetime.now(UTC).isoformat(timespec="seconds")
+    record.setdefault("complete", False)
     RECORDS.mkdir(exist_ok=True)
     path = RECORDS / f"airflow_scale-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
-    print(f"raw: {path}")
-    return 0
+    print(f"raw: {path}", flush=True)
 
 
 def _print_row(row: dict[str, Any]) -> None:
