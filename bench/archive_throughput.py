@@ -30,16 +30,13 @@ import random
 import statistics
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import BACKPRESSURE, MODEL, RESULTS_DIR, fresh_dir, standin
+from bench.common import BACKPRESSURE, MODEL, RESULTS_DIR, fresh_dir, run_to_manifest, standin
 from bench.corpus import CORPUS_ROOT, Corpus
 from bench.run_cli import manifest_check, measure_cli
-from olmocr_tasks.location.manifest import manifest_uri
-from olmocr_tasks.location.manifest_reader import open_manifest
 
 DAG_ID = "olmocr_ingest"
 RECORDS = Path(__file__).resolve().parent / "records"
@@ -127,18 +124,8 @@ def measure_run(api: Any, corpus: Corpus, output: Path, priority_class: str) -> 
     conf = {"input_uri": str(corpus.folder), "output_uri": str(output), "scope": "all"}
     if priority_class != "auto":
         conf["priority_class"] = priority_class
-    started = time.monotonic()
-    response = api.trigger(DAG_ID, conf)
-    response.raise_for_status()
-    run_id = response.json()["dag_run_id"]
-    manifest_path = Path(manifest_uri(str(output), f"{DAG_ID}__{run_id}"))
-    while not manifest_path.exists():
-        if api.dag_run(DAG_ID, run_id)["state"] == "failed":
-            break
-        time.sleep(0.2)
-    wall = time.monotonic() - started
-    run = api.wait_for_run(DAG_ID, run_id, timeout=1800)
-    manifest = open_manifest(str(manifest_path)).summary if manifest_path.exists() else None
+    measured = run_to_manifest(api, DAG_ID, conf, output, poll_s=0.2)
+    run, wall, manifest = measured["run"], measured["wall_s"], measured["manifest"]
     ok, note, _ = manifest_check(manifest, corpus)
     return {
         "class": priority_class,

@@ -175,3 +175,27 @@ class MotoBucket:
 
     def stop(self) -> None:
         self.server.stop()
+
+
+def run_to_manifest(api: Any, dag_id: str, conf: dict[str, Any], output: Path, poll_s: float = 0.5) -> dict[str, Any]:
+    """Trigger ``dag_id`` with ``conf`` over REST and time it until its manifest exists under ``output``
+    (or the run failed); then wait for the run to end. Returns the run, the wall seconds and the
+    manifest's summary (None when none was published)."""
+    import time
+
+    from olmocr_tasks.location.manifest import manifest_uri
+    from olmocr_tasks.location.manifest_reader import open_manifest
+
+    started = time.monotonic()
+    response = api.trigger(dag_id, conf)
+    response.raise_for_status()
+    run_id = response.json()["dag_run_id"]
+    manifest_path = Path(manifest_uri(str(output), f"{dag_id}__{run_id}"))
+    while not manifest_path.exists():
+        if api.dag_run(dag_id, run_id)["state"] == "failed":
+            break
+        time.sleep(poll_s)
+    wall = time.monotonic() - started
+    run = api.wait_for_run(dag_id, run_id, timeout=1800)
+    summary = open_manifest(str(manifest_path)).summary if manifest_path.exists() else None
+    return {"run_id": run_id, "run": run, "wall_s": wall, "manifest": summary}

@@ -22,16 +22,13 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import MODEL, RESULTS_DIR, SERVER_BOUND, fresh_dir, standin
+from bench.common import MODEL, RESULTS_DIR, SERVER_BOUND, fresh_dir, run_to_manifest, standin
 from bench.corpus import CORPUS_ROOT, Corpus, mixed_corpus
 from bench.run_cli import manifest_check, measure_cli
-from olmocr_tasks.location.manifest import manifest_uri
-from olmocr_tasks.location.manifest_reader import open_manifest
 
 DAG_ID = "olmocr_ingest"
 
@@ -73,18 +70,8 @@ def _instance_figures(instances: list[dict[str, Any]]) -> dict[str, Any]:
 
 def measure_deployment(api: Any, corpus: Corpus, output: Path) -> dict[str, Any]:
     conf = {"input_uri": str(corpus.folder), "output_uri": str(output), "scope": "all"}
-    started = time.monotonic()
-    response = api.trigger(DAG_ID, conf)
-    response.raise_for_status()
-    run_id = response.json()["dag_run_id"]
-    manifest_path = Path(manifest_uri(str(output), f"{DAG_ID}__{run_id}"))
-    while not manifest_path.exists():
-        if api.dag_run(DAG_ID, run_id)["state"] == "failed":
-            break
-        time.sleep(0.5)
-    wall = time.monotonic() - started
-    run = api.wait_for_run(DAG_ID, run_id, timeout=1800)
-    manifest = open_manifest(str(manifest_path)).summary if manifest_path.exists() else None
+    measured = run_to_manifest(api, DAG_ID, conf, output)
+    run_id, run, wall, manifest = measured["run_id"], measured["run"], measured["wall_s"], measured["manifest"]
     ok, note, details = manifest_check(manifest, corpus)
     instances = [ti for ti in api.task_instances(DAG_ID, run_id) if ti["task_id"] == "convert"]
     return {
