@@ -44,7 +44,6 @@ import os
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -55,7 +54,7 @@ from urllib.parse import quote
 
 import httpx
 
-from bench.common import CPU_BOUND, MODEL, RESULTS_DIR, fresh_dir, standin
+from bench.common import CPU_BOUND, MODEL, RECORDS_DIR, RESULTS_DIR, code_version, fresh_dir, standin
 from bench.corpus import Corpus
 from bench.run_cli import manifest_check, measure_cli
 from bench.scale import DEFAULT_LINES, write_corpus
@@ -64,7 +63,6 @@ from olmocr_tasks.location.manifest_reader import open_manifest
 from olmocr_tasks.provider.resources import PEAK_MEMORY_EVENT
 
 DAG_ID = "olmocr_ingest"
-RECORDS = Path(__file__).resolve().parent / "records"
 WORK = RESULTS_DIR / "airflow-scale"
 # The metadata tables a run writes to (celery_taskmeta: the Celery result backend, in the same database).
 TABLES = (
@@ -85,15 +83,6 @@ RUNS_PAGE_ROWS = 100
 PEAK_LINE = re.compile(re.escape(PEAK_MEMORY_EVENT) + r" self ([\d.]+) MiB, children ([\d.]+) MiB")
 # Each page is fetched once cold, then this many times more.
 WARM_FETCHES = 3
-
-
-def _commit() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True).stdout.rstrip("\n")
-
-    # Others work in the same checkout: the tracked files that differed from the commit are named.
-    dirty = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
-    return {"commit": git("rev-parse", "--short", "HEAD"), "modified_tracked_files": dirty}
 
 
 def _load() -> list[float]:
@@ -520,7 +509,7 @@ def plan_log(log_root: Path, run_id: str) -> list[str]:
 
 
 def _records() -> Iterator[dict[str, Any]]:
-    for path in sorted(RECORDS.glob("airflow_scale-*.json"), reverse=True):
+    for path in sorted(RECORDS_DIR.glob("airflow_scale-*.json"), reverse=True):
         try:
             yield json.loads(path.read_text()) | {"path": path.name}
         except ValueError:
@@ -601,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     extra_env = dict(item.split("=", 1) for item in args.env)
     record: dict[str, Any] = {
         "bench": "airflow_scale",
-        "commit": _commit(),
+        "commit": code_version(),
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "load_average_at_start": _load()},
         "settings": {
@@ -712,8 +701,8 @@ def _write(record: dict[str, Any]) -> None:
     """The raw record, complete or not (``complete``: the invocation measured every N to the end)."""
     record["ended"] = datetime.now(UTC).isoformat(timespec="seconds")
     record.setdefault("complete", False)
-    RECORDS.mkdir(exist_ok=True)
-    path = RECORDS / f"airflow_scale-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
+    RECORDS_DIR.mkdir(exist_ok=True)
+    path = RECORDS_DIR / f"airflow_scale-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(f"raw: {path}", flush=True)
 

@@ -28,18 +28,25 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import BACKPRESSURE, MODEL, RESULTS_DIR, fresh_dir, run_to_manifest, standin
+from bench.common import (
+    BACKPRESSURE,
+    MODEL,
+    RECORDS_DIR,
+    RESULTS_DIR,
+    code_version,
+    fresh_dir,
+    run_to_manifest,
+    standin,
+)
 from bench.corpus import CORPUS_ROOT, Corpus
 from bench.run_cli import manifest_check, measure_cli
 
 DAG_ID = "olmocr_ingest"
-RECORDS = Path(__file__).resolve().parent / "records"
 
 
 def one_page_documents(count: int) -> Corpus:
@@ -138,10 +145,6 @@ def measure_run(api: Any, corpus: Corpus, output: Path, priority_class: str) -> 
     }
 
 
-def _commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--classes", default="auto,normal", help="priority classes to run (auto: low for scope=all)")
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     work = fresh_dir(RESULTS_DIR / "archive-throughput")
     record: dict[str, Any] = {
         "bench": "archive_throughput",
-        "commit": _commit(),
+        "commit": code_version(),
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()},
         "settings": {
@@ -228,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             cluster.stop()
     record["ended"] = datetime.now(UTC).isoformat(timespec="seconds")
-    RECORDS.mkdir(exist_ok=True)
-    path = RECORDS / f"archive_throughput-{record['started'].replace(':', '')}.json"
+    RECORDS_DIR.mkdir(exist_ok=True)
+    path = RECORDS_DIR / f"archive_throughput-{record['started'].replace(':', '')}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     print("| corpus | pool | class | CLI s | Airflow s | ratio | instances |\n|---|--:|---|--:|--:|--:|--:|")
     for row in record["airflow"]:

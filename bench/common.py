@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,9 @@ from bench.measure import Measurement
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
+# Raw results kept with the code (bench/results/ is git-ignored scratch): every figure quoted in a README
+# names one of these files.
+RECORDS_DIR = REPO_ROOT / "bench" / "records"
 # The interpreter running the harness is the project's venv; its console scripts sit beside it.
 VENV_BIN = Path(sys.executable).parent
 MODEL = "allenai/olmOCR-2-7B-1025-FP8"
@@ -199,3 +203,13 @@ def run_to_manifest(api: Any, dag_id: str, conf: dict[str, Any], output: Path, p
     run = api.wait_for_run(dag_id, run_id, timeout=1800)
     summary = open_manifest(str(manifest_path)).summary if manifest_path.exists() else None
     return {"run_id": run_id, "run": run, "wall_s": wall, "manifest": summary}
+
+
+def code_version() -> dict[str, Any]:
+    """The commit a record measured, and the tracked files that differed from it while it ran."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.rstrip("\n")
+
+    dirty = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
+    return {"commit": git("rev-parse", "--short", "HEAD"), "modified_tracked_files": dirty}

@@ -24,7 +24,18 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.backpressure import measure_backpressure
-from bench.common import BACKPRESSURE, CPU_BOUND, RESULTS_DIR, SERVER_BOUND, Regime, Row, fresh_dir, standin
+from bench.common import (
+    BACKPRESSURE,
+    CPU_BOUND,
+    RECORDS_DIR,
+    RESULTS_DIR,
+    SERVER_BOUND,
+    Regime,
+    Row,
+    code_version,
+    fresh_dir,
+    standin,
+)
 from bench.corpus import Corpus, mixed_corpus, single_document, subset
 from bench.discovery_scale import measure_discovery
 from bench.floor import measure_floor
@@ -81,8 +92,7 @@ def _regime_rows(
             if olmocr_corpus is not corpus:
                 _log(f"{regime.name}: our CLI on the olmOCR subset ({olmocr_corpus.pages} pages)")
                 rows.append(measure_cli(olmocr_corpus, server.url, work, regime.name, system="ours: CLI (subset)"))
-            settings = args.olmocr_settings if regime is SERVER_BOUND else args.olmocr_settings[:1]
-            for setting in settings:
+            for setting in args.olmocr_settings:
                 name = f"olmOCR {OLMOCR_VERSION} ({setting})"
                 if olmocr_problem:
                     rows.append(Row(name, regime.name, olmocr_corpus.pages, None, False, olmocr_problem))
@@ -153,12 +163,16 @@ def compute_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         in_run = cli_server.details.get("in_run_pages_per_s")
         targets.append(_target("server-bound CLI pages/s / server capacity (in-run)", _ratio(in_run,
                        capacity), ">=", 0.97, "manifest: run start to finish"))  # fmt: skip
-    olmocr_name = f"olmOCR {OLMOCR_VERSION} (default)"
     for regime, bound in ((server, 1.7), (cpu, 4.0)):
         ours = _find(rows, "ours: CLI (subset)", regime) or _find(rows, "ours: CLI", regime)
-        theirs = _find(rows, olmocr_name, regime)
+        # Against olmOCR's best setting of those tried, not its defaults: the ratio a user who tunes
+        # olmOCR would see.
+        tried = [row for row in rows if row.system.startswith(f"olmOCR {OLMOCR_VERSION} (") and row.regime == regime]
+        theirs = max((row for row in tried if row.ok and row.pages_per_s), key=lambda row: row.pages_per_s or 0.0,
+                     default=None)  # fmt: skip
+        basis = f"same documents, same stand-in; olmOCR's best setting: {theirs.system}" if theirs else "no olmOCR row"
         targets.append(_target(f"{regime} ours / olmOCR pages/s", _ratio(ours and ours.pages_per_s,
-                       theirs and theirs.pages_per_s), ">=", bound, "same documents, same stand-in"))  # fmt: skip
+                       theirs and theirs.pages_per_s), ">=", bound, basis))  # fmt: skip
     floor = _find(rows, "floor: render+encode loop", "-")
     for regime in (cpu, server):
         cli = _find(rows, "ours: CLI", regime)
@@ -294,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown --skip item(s): {', '.join(sorted(unknown))}")
     if args.olmocr_settings is None:
-        args.olmocr_settings = ["default"] if args.quick else ["default", "workers1-mcr20"]
+        args.olmocr_settings = ["default"] if args.quick else list(SETTINGS)
     started = datetime.now(UTC)
     work = fresh_dir(RESULTS_DIR / started.strftime("%Y%m%dT%H%M%SZ"))
     results: dict[str, Any] = {
@@ -355,6 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     results["rows"] = [row.to_dict() for row in results.pop("_rows")]
     (work / "results.json").write_text(json.dumps(results, indent=1, default=str))
     (work / "results.md").write_text(markdown)
+    # The raw result kept with the code (bench/results/ is git-ignored): the commit it measured.
+    results["code"] = code_version()
+    RECORDS_DIR.mkdir(exist_ok=True)
+    record = RECORDS_DIR / f"run_all-{'quick-' if args.quick else ''}{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    record.write_text(json.dumps(results, indent=1, default=str))
+    _log(f"raw result: {record.relative_to(RECORDS_DIR.parent.parent)}")
     shutil.copyfile(work / "results.json", RESULTS_DIR / "latest.json")
     shutil.copyfile(work / "results.md", RESULTS_DIR / "latest.md")
     print(markdown)

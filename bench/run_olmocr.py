@@ -11,9 +11,11 @@ Dolma output so that a run that fell back to ``pdftotext`` for every page does n
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +29,28 @@ OLMOCR_VERSION = "0.4.27"
 OLMOCR_RESOLVED_AS_OF = "2026-11-30T12:49:00Z"
 OLMOCR_VENV = RESULTS_DIR / "olmocr-venv"
 
-# (name, extra flags): olmOCR's defaults (20 workers, 1600 requests), and the setting its README
-# gives for remote providers.
-SETTINGS: dict[str, list[str]] = {
-    "default": [],
-    "workers1-mcr20": ["--workers", "1", "--max_concurrent_requests", "20"],
+# olmOCR renders at most max(1, cores - 2) pages at once unless BEAKER_ASSIGNED_CPU_COUNT says how many
+# CPUs it has: on 2 cores that is one page at a time. Its own knob, so a fair comparison tries it.
+RENDERS_PER_CORE = {"BEAKER_ASSIGNED_CPU_COUNT": str(len(os.sched_getaffinity(0)))}
+
+
+@dataclass(frozen=True)
+class OlmocrSetting:
+    """Extra command-line flags and environment for one olmOCR run."""
+
+    flags: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# olmOCR's defaults (20 workers, 1600 requests); the flags its README gives for remote providers;
+# each again with one render per core. The comparison takes the best of them.
+SETTINGS: dict[str, OlmocrSetting] = {
+    "default": OlmocrSetting(),
+    "workers1-mcr20": OlmocrSetting(("--workers", "1", "--max_concurrent_requests", "20")),
+    "renders-per-core": OlmocrSetting(env=RENDERS_PER_CORE),
+    "workers1-mcr20-renders-per-core": OlmocrSetting(
+        ("--workers", "1", "--max_concurrent_requests", "20"), env=RENDERS_PER_CORE
+    ),
 }
 
 
@@ -79,14 +98,13 @@ def ensure_olmocr(log: Path) -> str | None:
     return None
 
 
-def olmocr_env() -> dict[str, str]:
+def olmocr_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Its own venv only: none of our PYTHONPATH, no Beaker/AWS set-up that would change its path."""
-    import os
-
     drop = ("PYTHONPATH", "AIRFLOW", "OLMOCR", "BEAKER", "VIRTUAL_ENV")
     env = {key: value for key, value in os.environ.items() if not key.startswith(drop)}
     env["PATH"] = os.pathsep.join([str(OLMOCR_VENV / "bin"), env.get("PATH", "")])
     env["HF_HUB_OFFLINE"] = "1"
+    env.update(extra or {})
     return bytecode_env(env)
 
 
@@ -113,10 +131,12 @@ def measure_olmocr(corpus: Corpus, server: str, work: Path, regime: str, setting
     pdf_list.write_text("".join(f"{path}\n" for path in corpus.paths()))
     command = [
         str(olmocr_python()), "-m", "olmocr.pipeline", str(workspace), "--pdfs", str(pdf_list),
-        "--server", server, "--model", MODEL, "--markdown", *SETTINGS[setting],
+        "--server", server, "--model", MODEL, "--markdown", *SETTINGS[setting].flags,
     ]  # fmt: skip
-    measurement = run_measured(command, label=f"{system} / {regime}", env=olmocr_env(), log_path=work / f"{slug}.log")
+    env = olmocr_env(SETTINGS[setting].env)
+    measurement = run_measured(command, label=f"{system} / {regime}", env=env, log_path=work / f"{slug}.log")
     found = read_results(workspace)
     ok = measurement.returncode == 0 and found["pages"] == corpus.pages and found["fallback_pages"] == 0
     note = "" if ok else f"exit {measurement.returncode}, {found}; see {slug}.log"
+    found["flags"], found["env"] = list(SETTINGS[setting].flags), SETTINGS[setting].env
     return Row(system, regime, corpus.pages, measurement, ok, note, found)

@@ -66,12 +66,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import CPU_BOUND, MODEL, RESULTS_DIR, VENV_BIN, MotoBucket, fresh_dir, standin, subprocess_env
+from bench.common import (
+    CPU_BOUND,
+    MODEL,
+    RECORDS_DIR,
+    RESULTS_DIR,
+    VENV_BIN,
+    MotoBucket,
+    code_version,
+    fresh_dir,
+    standin,
+    subprocess_env,
+)
 from bench.measure import run_measured
 from bench.scale import one_page_pdf
 
 REPO = Path(__file__).resolve().parents[1]
-RECORDS = REPO / "bench" / "records"
 NEW_DOCUMENTS = 20
 LINES = 3
 # The CLI converts (and a history's run folder holds) batches of this many documents.
@@ -576,10 +586,6 @@ def _shown_arguments(arguments: list[str]) -> list[str]:
     return shown
 
 
-def _git_head() -> str:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--history", type=int, nargs="+", default=[1_000, 10_000, 100_000])
@@ -596,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     record: dict[str, Any] = {
         "bench": "s3_topup",
         "utc": utc,
-        "git_head": _git_head(),
+        "git_head": code_version(),
         "command": "python -m bench.s3_topup " + " ".join(_shown_arguments(argv if argv is not None else sys.argv[1:])),
         "machine": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "settings": {
@@ -610,8 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     store: Store = MotoStore() if args.store == "moto" else EndpointStore(args.endpoint)
     record["store"] = {"kind": store.name, "version": store.version}
-    RECORDS.mkdir(parents=True, exist_ok=True)
-    path = RECORDS / f"s3_topup-{utc}.json"
+    RECORDS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RECORDS_DIR / f"s3_topup-{utc}.json"
     try:
         with standin(CPU_BOUND) as server:
             # Buckets named by this invocation: a server kept from an earlier one may still hold its buckets.
