@@ -29,6 +29,7 @@ time on the schedule), from which re-drive spaces the next attempt.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -193,12 +194,22 @@ class Ledger:
 
     # ------------------------------------------------------------------------------- reading
 
-    def snapshot(self) -> LedgerSnapshot:
-        """Status of every known source version from one paginated listing of the state prefix."""
+    def snapshot(self, source_ids: Iterable[str] | None = None) -> LedgerSnapshot:
+        """Status of every known source version from one paginated listing of the state prefix.
+
+        With ``source_ids``, only those sources' versions, one listing of each source's own folder: a
+        run that names a few documents pays a request per document, not a listing of the whole history
+        (one page per 1,000 markers).
+        """
+        if source_ids is None:
+            listed: Iterable[ObjectInfo] = self.storage.list_objects(self.state.sources_uri)
+        else:
+            folders = [self.state.source_folder(sid) for sid in sorted(set(source_ids))]
+            listed = itertools.chain.from_iterable(self.storage.list_objects(folder) for folder in folders)
         versions: dict[str, int] = {}
         failure_markers: dict[str, str] = {}
         marker_times: dict[str, datetime] = {}
-        for info in self.storage.list_objects(self.state.sources_uri):
+        for info in listed:
             marker = self.state.marker(info.uri)
             if marker is None:
                 continue  # not ours (or a future layout): ignore rather than guess
@@ -284,10 +295,10 @@ class Ledger:
 
     def status(self, info: ObjectInfo) -> Status:
         """The status of one object from a small listing of its own state folder."""
-        return self._source_snapshot(info).status(info)
+        return self.snapshot([source_id(info.uri)]).status(info)
 
     def failure_count(self, info: ObjectInfo) -> int:
-        return self._source_snapshot(info).failures(info)
+        return self.snapshot([source_id(info.uri)]).failures(info)
 
     def find_content(self, sha256: str, *, verify_outputs: bool = True) -> ContentRecord | None:
         """The earlier conversion of identical bytes, if any and if its outputs still hold them.
@@ -399,20 +410,6 @@ class Ledger:
         return max(1, self.failure_count(info))
 
     # ----------------------------------------------------------------------------- internals
-
-    def _source_snapshot(self, info: ObjectInfo) -> LedgerSnapshot:
-        wanted = fingerprint(info)
-        versions: dict[str, int] = {}
-        key = _version_key(info)
-        for item in self.storage.list_objects(self.state.source_folder(source_id(info.uri))):
-            marker = self.state.marker(item.uri)
-            if marker is None or marker.fingerprint != wanted:
-                continue
-            if marker.done:
-                versions[key] = _DONE
-            elif versions.get(key, 0) != _DONE:
-                versions[key] = versions.get(key, 0) + 1
-        return LedgerSnapshot(versions)
 
     def _describe(self) -> None:
         # Written once per Ledger so a human browsing _state/ can tell what a key stands for.

@@ -46,6 +46,11 @@ def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
     return plan
 
 
+# A run naming at most this many documents looks each one's state up (one small listing each) instead
+# of listing the whole state, which costs a request per 1,000 markers: ~100 over 100,000 documents.
+NAMED_LOOKUPS_MAX = 100
+
+
 def iter_plan(request: RunRequest, storage: Storage, plan: RunPlan) -> Iterator[SourceDocument]:
     """Discover what this run must convert, yielding each source as discovery reaches it.
 
@@ -63,9 +68,8 @@ def iter_plan(request: RunRequest, storage: Storage, plan: RunPlan) -> Iterator[
     takes dead letters back for one more try.
     """
     ledger = Ledger(request.output_uri, storage, request.conversion_key)
-    # Reprocessing converts everything discovered: the state listing would be read for nothing.
-    snapshot = None if request.reprocess else ledger.snapshot()
     candidates: Iterable[ObjectInfo]
+    named_sources: list[str] | None = None
     if request.documents is not None:
         found: list[ObjectInfo] = []
         for item in resolve_explicit(request.documents, storage):
@@ -76,6 +80,8 @@ def iter_plan(request: RunRequest, storage: Storage, plan: RunPlan) -> Iterator[
             else:
                 found.append(item)
         candidates = found
+        if len(found) <= NAMED_LOOKUPS_MAX:
+            named_sources = [source_id(info.uri) for info in found]
     else:
         candidates = iter_pdfs(
             request.input_uri,
@@ -83,6 +89,8 @@ def iter_plan(request: RunRequest, storage: Storage, plan: RunPlan) -> Iterator[
             modified_after=request.modified_after,
             modified_until=request.modified_until,
         )
+    # Reprocessing converts everything discovered: the state would be read for nothing.
+    snapshot = None if request.reprocess else ledger.snapshot(named_sources)
     redrive = snapshot is not None and request.redrive and request.documents is None and bool(request.input_uri)
     # The re-drive pass skips the failed sources discovery listed. Only those are remembered, not every
     # listed URI: what is held grows with the failures in the snapshot, not with the run.
