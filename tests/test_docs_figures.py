@@ -88,8 +88,9 @@ def test_the_checks_catch_what_they_are_for() -> None:
         f"from `{record}`, from `bench/records/priority-*.json` and from bench/records/gone-20990101T000000Z.json; "
         "records in `bench/records/`. Asserted by tests/test_docs_figures.py::test_every_test_a_doc_names_exists, "
         "tests/test_docs_figures.py::test_renamed_away, tests/no_such_file.py::test_x and "
-        "(`test_the_checks_catch_what_they_are_for`, `test_sigkill_mid_write_leaves_nothing_partial_for_readers[.jsonl]`, "
-        "`test_never_written`); tests/test_layers.py is a file, not a test."
+        "(`test_the_checks_catch_what_they_are_for`, "
+        "`test_sigkill_mid_write_leaves_nothing_partial_for_readers[.jsonl]`, `test_never_written`); "
+        "tests/test_layers.py is a file, not a test."
     )
     assert missing_records(text) == ["bench/records/priority-*.json", "bench/records/gone-20990101T000000Z.json"]
     assert missing_tests(text) == [

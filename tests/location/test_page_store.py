@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,11 +115,22 @@ def test_bad_keys_are_refused(tmp_path: Path) -> None:
         store.save(SHA, _page(0))
 
 
-def test_round_trip_on_s3(s3_bucket: str, s3_storage_options: dict[str, Any]) -> None:
-    store = _store(f"s3://{s3_bucket}/out", Storage(s3_storage_options))
+def test_round_trip_on_s3_and_what_it_costs_in_requests(s3_bucket: str, s3_storage_options: dict[str, Any]) -> None:
+    """RELIABILITY.md's cost of resuming: one PUT per saved page, one LIST when a document starts (plus
+    a GET per saved page), one LIST and a DELETE per page on commit."""
+    storage = Storage(s3_storage_options)
+    store = _store(f"s3://{s3_bucket}/out", storage)
     pages = [_page(number) for number in range(1, 4)]
+
+    def requests_of(step: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
+        """What ``step`` returned and the requests it sent, by kind."""
+        before = storage.requests.counts()
+        result = step()
+        return result, {kind: n - before[kind] for kind, n in storage.requests.counts().items() if n != before[kind]}
+
     for page in pages:
-        store.save(SHA, page)
-    assert list(store.load(SHA, page_count=3).values()) == pages
-    assert store.discard(SHA) == 3
-    assert store.load(SHA, page_count=3) == {}
+        assert requests_of(lambda page=page: store.save(SHA, page))[1] == {"write": 1}
+    loaded, load_cost = requests_of(lambda: store.load(SHA, page_count=3))
+    assert list(loaded.values()) == pages and load_cost == {"list": 1, "read": 3}
+    assert requests_of(lambda: store.discard(SHA)) == (3, {"list": 1, "delete": 3})
+    assert requests_of(lambda: store.load(SHA, page_count=3)) == ({}, {"list": 1})

@@ -2,7 +2,8 @@
 
 Covers: a real CLI run (stand-in server) whose summary carries ``metrics.storage_requests`` with
 per-kind counts and per-document figures that agree with them (and still validates against the
-schema), exactly what one-page documents and their batch cost (17 requests a document, 18 on S3); on moto S3, the counts a batch reports equal the requests the fault proxy in front of moto
+schema), exactly what one-page documents and their batch cost (17 requests a document, 18 on S3);
+on moto S3, the counts a batch reports equal the requests the fault proxy in front of moto
 forwarded (an independent count at the HTTP level, no patching), and so do the whole Storage's
 totals over plan, convert and publish; a child counter adds to its parent.
 """
