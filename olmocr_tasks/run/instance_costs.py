@@ -12,7 +12,9 @@ rate an instance converts.
 Both figures are measured, not guessed: ``publish_manifest`` measures the run's instances
 (``measure``) and keeps the result beside the conversion key's state; the next run's plan reads it.
 A run on an output location with no measurement yet (its first) sizes by the request window as before;
-a run whose instances were too small to measure a rate by keeps the last measurement.
+a run whose instances were too small to measure a rate by keeps the last measurements. The plan takes
+the median of the last ``RECENT_RUNS`` measurements, so one run that shared its slots or its machine
+does not resize the next.
 
 * ``concurrency``: the most instances that ran at once (a sweep over their start and end times);
 * ``pages_per_s``: pages per second of converting, per instance (its share of the server);
@@ -26,13 +28,14 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from olmocr_tasks.core.clock import utc_now
 from olmocr_tasks.location.layout import ConversionState
-from olmocr_tasks.storage.store import Storage
+from olmocr_tasks.storage.store import ReadLimitExceeded, Storage
 
 # An instance's fixed cost should be at most this share of its slot's time: with the ~2 s an instance
 # costs under Celery (bench/README Run 17: 1.99 s), 38 s of converting. A tenth would leave about 0.88x
@@ -48,7 +51,9 @@ MAX_CONVERTING_S = 600.0
 # as converting, so its rate is far below the server's (an 8-document warm-up measured 5.2 pages/s
 # per instance where 26.9 is true, and sized the next run's instances at 151 pages instead of ~1,000).
 MIN_PAGES_PER_INSTANCE = 64
-# A measurement the plan reads is a small JSON object; anything bigger is not ours.
+# The runs whose measurements the plan takes the median of.
+RECENT_RUNS = 5
+# The measurements the plan reads are a small JSON object; anything bigger is not ours.
 _MAX_BYTES = 4096
 
 
@@ -133,15 +138,39 @@ def _most_at_once(items: list[InstanceTiming]) -> int:
 
 
 def load(storage: Storage, state: ConversionState) -> InstanceCosts | None:
-    """The last measurement kept for this conversion key, or None (none yet, or not readable as one)."""
-    raw = storage.read_bytes_or_none(state.instance_costs)
-    if raw is None or len(raw) > _MAX_BYTES:
+    """What the plan sizes by: the median fixed cost and rate of the last ``RECENT_RUNS`` measured runs
+    of this conversion key (one run that shared the server or the machine moves neither), or None."""
+    recent = _recent(storage, state)
+    if not recent:
         return None
-    try:
-        return InstanceCosts.from_dict(json.loads(raw))
-    except ValueError:
-        return None
+    last = recent[-1]
+    return replace(
+        last,
+        fixed_cost_s=statistics.median(costs.fixed_cost_s for costs in recent),
+        pages_per_s=statistics.median(costs.pages_per_s for costs in recent),
+    )
 
 
 def save(storage: Storage, state: ConversionState, costs: InstanceCosts) -> None:
-    storage.write_bytes_atomic(state.instance_costs, json.dumps(costs.to_dict(), sort_keys=True).encode())
+    """Keep this run's measurement beside the last ones (at most ``RECENT_RUNS``)."""
+    recent = [*_recent(storage, state), costs][-RECENT_RUNS:]
+    body = {"recent": [item.to_dict() for item in recent]}
+    storage.write_bytes_atomic(state.instance_costs, json.dumps(body, sort_keys=True).encode())
+
+
+def _recent(storage: Storage, state: ConversionState) -> list[InstanceCosts]:
+    """The kept measurements, oldest first; none when the object is missing, too big or not all sane."""
+    try:
+        reader = storage.open_read_or_none(state.instance_costs, max_bytes=_MAX_BYTES)
+        if reader is None:
+            return []
+        with reader:
+            data = json.loads(reader.read())
+    except (ReadLimitExceeded, ValueError):
+        return []
+    # A single measurement: what this module kept before it kept several.
+    items = data.get("recent") if isinstance(data, dict) and "recent" in data else [data]
+    if not isinstance(items, list) or len(items) > RECENT_RUNS:
+        return []
+    recent = [InstanceCosts.from_dict(item) for item in items]
+    return [] if any(costs is None for costs in recent) else [costs for costs in recent if costs is not None]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -95,4 +96,28 @@ def test_a_measurement_is_kept_per_conversion_key_and_read_back(tmp_path: Path) 
     instance_costs.save(Storage(), location.state("conv1"), costs)
     assert instance_costs.load(Storage(), location.state("conv1")) == costs
     assert instance_costs.load(Storage(), location.state("conv2")) is None
-    assert json.loads(Path(location.state("conv1").instance_costs).read_text())["concurrency"] == 2
+    assert json.loads(Path(location.state("conv1").instance_costs).read_text())["recent"][-1]["concurrency"] == 2
+
+
+def test_the_plan_sizes_by_the_median_of_the_last_runs_so_one_disturbed_run_resizes_nothing(tmp_path: Path) -> None:
+    state = OutputLocation(str(tmp_path)).state("conv1")
+    quiet = InstanceCosts(fixed_cost_s=2.0, pages_per_s=8.0, concurrency=2, instances=4)
+    # A run that shared the server: its instances converted slowly and waited long between each other.
+    disturbed = InstanceCosts(fixed_cost_s=30.0, pages_per_s=1.0, concurrency=2, instances=4)
+    for costs in (quiet, quiet, disturbed):
+        instance_costs.save(Storage(), state, costs)
+    assert instance_costs.load(Storage(), state) == replace(disturbed, fixed_cost_s=2.0, pages_per_s=8.0)
+    # Only the last RECENT_RUNS are kept: once the quiet ones are older than that, the new figures rule.
+    for _ in range(instance_costs.RECENT_RUNS):
+        instance_costs.save(Storage(), state, disturbed)
+    assert instance_costs.load(Storage(), state) == disturbed
+    kept = json.loads(Path(state.instance_costs).read_text())["recent"]
+    assert len(kept) == instance_costs.RECENT_RUNS
+
+
+def test_a_single_measurement_kept_by_an_earlier_release_is_read(tmp_path: Path) -> None:
+    state = OutputLocation(str(tmp_path)).state("conv1")
+    Path(state.instance_costs).parent.mkdir(parents=True)
+    single = InstanceCosts(fixed_cost_s=2.0, pages_per_s=8.0, concurrency=2, instances=4)
+    Path(state.instance_costs).write_text(json.dumps(single.to_dict()))
+    assert instance_costs.load(Storage(), state) == single
