@@ -218,16 +218,38 @@ def test_two_concurrent_cli_runs_send_each_page_about_once_and_convert_each_docu
     pages = {doc_id: 3 for doc_id in range(130, 142)}
     for doc_id, count in pages.items():
         pdfgen.write_pdf(tmp_path / "in" / f"doc{doc_id}.pdf", pdfgen.text_pdf(count, doc_id=doc_id))
-    standin.configure(latency_s=0.2, capacity=8)
-    processes = {run_id: _cli(tmp_path, standin, run_id) for run_id in ("left", "right")}
+    # Every page's first request is held until both runs hold claims, so they overlap whatever the load
+    # (a run started after the other finished would meet no claim at all); the read timeout outlasts
+    # the hold, so holding costs no retry.
+    held = {f"{doc_id}:{page}": ["slow"] for doc_id, count in pages.items() for page in range(1, count + 1)}
+    standin.configure(latency_s=0.2, capacity=8, scripts=held, slow_s=3600)
+    processes = {run_id: _cli(tmp_path, standin, run_id, "--read-timeout", "600") for run_id in ("left", "right")}
+    try:
+        deadline = time.monotonic() + 120
+        while {json.loads(path.read_text())["run_id"] for path in (tmp_path / "out").rglob("*.claim")} != set(
+            processes
+        ):
+            assert time.monotonic() < deadline, "both runs never held claims at once"
+            assert all(process.poll() is None for process in processes.values()), "a run ended before the other began"
+            time.sleep(0.05)
+    finally:
+        standin.configure(slow_s=0)
     for run_id, process in processes.items():
         assert process.wait(timeout=180) == 0, (tmp_path / f"{run_id}.log").read_text()
     total_pages = sum(pages.values())
     sent = standin.stats()["total"]
     assert sent <= 1.05 * total_pages, f"{sent} page requests for {total_pages} pages"
     converted: dict[str, list[str]] = {}
-    for run_id in processes:
-        manifest = load_whole(str(tmp_path / "out" / "manifests" / f"{run_id}.json"))
+    manifests = {run_id: load_whole(str(tmp_path / "out" / "manifests" / f"{run_id}.json")) for run_id in processes}
+    # The runs overlapped, by their own records: each started before the other finished.
+    started = max(manifest["started_at"] for manifest in manifests.values())
+    finished = min(manifest["finished_at"] for manifest in manifests.values())
+    assert started < finished, {run_id: (m["started_at"], m["finished_at"]) for run_id, m in manifests.items()}
+    claimed = [
+        doc for manifest in manifests.values() for doc in manifest["documents"] if doc.get("skip_reason") == "claimed"
+    ]
+    assert claimed, "neither run met a document the other held"
+    for run_id, manifest in manifests.items():
         assert manifest["counts"]["failed"] == 0
         assert manifest["counts"]["already_converted"] + len(manifest["documents"]) == len(pages)
         assert_manifest_matches_outputs(manifest)
