@@ -89,7 +89,23 @@ def test_the_hook_uses_the_reserve_only_while_the_convert_pool_is_full(
         policy.task_instance_mutation_hook(ti, run)
         return str(ti.pool)
 
+    _set_pool(session, 2, name=POOL)
     assert placed() == POOL  # the convert pool has free slots (nothing runs): take one
-    _set_pool(session, 0, name=POOL)  # no slot free in it (Airflow counts running and queued against slots)
+    _hold_slot(session, "running")
+    assert placed() == POOL  # one of its two slots is still free
+    _hold_slot(session, "queued")  # Airflow counts queued instances against a pool's slots too
     assert placed() == RESERVED
     assert run in session.new
+
+
+def _hold_slot(session: Session, state: str) -> None:
+    """Another run's convert instance holding one slot of the convert pool, as the scheduler records it."""
+    from airflow.models.taskinstance import TaskInstance
+
+    with session.no_autoflush:
+        session.execute(
+            insert(TaskInstance).values(
+                dag_id="olmocr_ingest", task_id="convert", run_id=f"other__{state}", map_index=0,
+                pool=POOL, pool_slots=1, state=state,
+            )
+        )  # fmt: skip
