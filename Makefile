@@ -36,10 +36,12 @@ up: prerequisites $(STAMP)
 	@scripts/system-packages.sh tesseract-ocr
 	$(BIN)/python scripts/up.py
 
-# The multi-process Celery deployment the deployment tests run, on the local PostgreSQL and Redis.
+# The multi-process Celery deployment the deployment tests run, on the local PostgreSQL and Redis, with
+# Airflow's production heartbeat timings (UP_CLUSTER_ARGS=--test-timings: the test deployment's).
+UP_CLUSTER_ARGS ?=
 up-cluster: prerequisites $(STAMP)
 	@scripts/system-packages.sh tesseract-ocr $$(scripts/service-packages.sh)
-	$(BIN)/python scripts/up.py --cluster
+	$(BIN)/python scripts/up.py --cluster $(UP_CLUSTER_ARGS)
 
 bench: prerequisites $(STAMP)
 	$(BIN)/python bench/run_all.py

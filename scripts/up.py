@@ -3,7 +3,8 @@
     make up            embedded: `airflow standalone` (SQLite, LocalExecutor) in .airflow/
     make up-cluster    the deployment the tests run: api-server, scheduler, dag-processor, triggerer and
                        two Celery workers, each its own process, on the local PostgreSQL and Redis
-                       (database olmocr_airflow, kept between starts; state in .airflow-cluster/)
+                       (database olmocr_airflow, kept between starts; state in .airflow-cluster/),
+                       with Airflow's production heartbeat timings (--test-timings: the test deployment's)
 
 The login is printed once the UI answers and the scheduler, triggerer and dag-processor report
 healthy. Ctrl-C or SIGTERM stops everything it started. ``OLMOCR_INPUT_URI`` / ``OLMOCR_OUTPUT_URI``
@@ -115,14 +116,14 @@ def run_embedded(engine_url: str) -> int:
         airflow.stop()
 
 
-def run_cluster(engine_url: str) -> int:
-    CLUSTER_DIR.mkdir(exist_ok=True)
+def cluster_settings(engine_url: str, *, test_timings: bool = False) -> ClusterSettings:
+    """``make up-cluster``'s deployment: Airflow's production timings unless ``test_timings``."""
     env = {
         "AIRFLOW_CONN_OLMOCR_VLLM": vllm_connection(engine_url, CPU_ENGINE_MODEL),
         "OLMOCR_INPUT_URI": input_uri(),
         "OLMOCR_OUTPUT_URI": output_uri(),
     }
-    settings = ClusterSettings(
+    return ClusterSettings(
         work_dir=CLUSTER_DIR,
         api_port=UI_PORT,
         env=env,
@@ -130,7 +131,12 @@ def run_cluster(engine_url: str) -> int:
         drop_database=False,
         persistent_secrets=True,
         attached=True,
+        test_timings=test_timings,
     )
+
+
+def run_cluster(settings: ClusterSettings) -> int:
+    CLUSTER_DIR.mkdir(exist_ok=True)
     cluster = AirflowCluster(settings)
     print(f"starting the local cluster (logs: {cluster.log_dir.relative_to(ROOT)}/) ...", flush=True)
     try:
@@ -147,10 +153,23 @@ def run_cluster(engine_url: str) -> int:
         cluster.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cluster", action="store_true", help="the multi-process Celery deployment")
+    parser.add_argument(
+        "--test-timings",
+        action="store_true",
+        help="with --cluster: the test deployment's Airflow timings (a lost worker's task retried after 30 s "
+        "without heartbeats instead of Airflow's 300 s), not production's",
+    )
     args = parser.parse_args(argv)
+    if args.test_timings and not args.cluster:
+        parser.error("--test-timings applies to --cluster only")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     _stop_on_signals()
     log_dir = (CLUSTER_DIR if args.cluster else AIRFLOW_HOME) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -171,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     engine_url = f"http://127.0.0.1:{ENGINE_PORT}/v1"
     try:
-        return run_cluster(engine_url) if args.cluster else run_embedded(engine_url)
+        if args.cluster:
+            return run_cluster(cluster_settings(engine_url, test_timings=args.test_timings))
+        return run_embedded(engine_url)
     except KeyboardInterrupt:
         return 0
     finally:

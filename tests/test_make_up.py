@@ -148,3 +148,29 @@ def test_make_up_from_a_fresh_clone_serves_a_working_login_and_stops_on_ctrl_c(t
     assert process.returncode == 0, "".join(lines[-40:])
     assert not answers("127.0.0.1", ui_port) and not answers("127.0.0.1", engine_port)
     assert _processes_in(up.clone) == []
+
+
+def test_up_cluster_runs_with_airflows_production_timings_unless_told_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``make up-cluster`` is for trying the deployment: Airflow's own heartbeat timeout (300 s), not the
+    tests' 30 s, unless ``--test-timings`` asks for them; the test deployment asks for them."""
+    import importlib.util
+
+    from olmocr_tasks.testing.cluster import TEST_TIMINGS, ClusterSettings, timing_env
+
+    # up.py puts scripts/ on sys.path for its helpers: undone after the test.
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location("up_script", REPO_ROOT / "scripts" / "up.py")
+    assert spec is not None and spec.loader is not None
+    up = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(up)
+
+    def timings(*argv: str) -> dict[str, str]:
+        args = up.parse_args(list(argv))
+        return timing_env(up.cluster_settings("http://127.0.0.1:8011/v1", test_timings=args.test_timings))
+
+    assert timings("--cluster") == {}, "a plain make up-cluster overrides Airflow's heartbeat timings"
+    assert timings("--cluster", "--test-timings") == TEST_TIMINGS
+    assert TEST_TIMINGS["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] == "30"
+    assert timing_env(ClusterSettings(work_dir=REPO_ROOT)) == {}, "production timings are the default"
+    with pytest.raises(SystemExit):
+        up.parse_args(["--test-timings"])  # the embedded Airflow has no such setting to change

@@ -373,6 +373,22 @@ class ClusterSettings:
     # Components stay in the starter's process group and die with it (an interactive `make
     # up-cluster`); the tests keep each in a group of its own, so one worker can be killed alone.
     attached: bool = False
+    # Airflow's test timings (``TEST_TIMINGS``) instead of its production defaults: the test deployment
+    # and ``make up-cluster --test-timings``, never a plain ``make up-cluster``.
+    test_timings: bool = False
+
+
+# What the tests shorten: a lost worker's task instance is failed (and retried) after 30 s without
+# heartbeats, not Airflow's 300 s, so the killed-worker tests take a minute, not five.
+TEST_TIMINGS = {
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+}
+
+
+def timing_env(settings: ClusterSettings) -> dict[str, str]:
+    """The Airflow timing settings a deployment overrides: none (Airflow's own) unless ``test_timings``."""
+    return dict(TEST_TIMINGS) if settings.test_timings else {}
 
 
 class AirflowCluster:
@@ -467,9 +483,6 @@ class AirflowCluster:
             # slot: a one-page run's short tasks each kept theirs ~5 s past their end (bench/README Run 14).
             # 1 s bounds that, for one heartbeat per running task per second (as docker/compose.yaml).
             "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
-            # A lost worker's task instance is failed (and retried) after this long without heartbeats.
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
             # The DAG files do not change while it runs: parse them at start, rarely again (CPU).
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
@@ -477,6 +490,7 @@ class AirflowCluster:
             "AIRFLOW__TRIGGERER__CAPACITY": "50",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
         }
+        env.update(timing_env(self.settings))
         env.update(self.settings.env)
         return env
 
@@ -842,7 +856,8 @@ def deployment(moto_url: str, *, pool_slots: int = 3, workers: int = 2) -> Itera
         "OLMOCR_SQS_QUEUE_URL": queue_url,
         "OLMOCR_SQS_WAITER_DELAY": "2",
     }
-    cluster = AirflowCluster(ClusterSettings(work_dir=work_dir, workers=workers, pool_slots=pool_slots, env=env))
+    settings = ClusterSettings(work_dir=work_dir, workers=workers, pool_slots=pool_slots, env=env, test_timings=True)
+    cluster = AirflowCluster(settings)
     api: AirflowApi | None = None
     try:
         cluster.start()

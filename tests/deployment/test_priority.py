@@ -12,7 +12,7 @@ the test asserts has happened by then.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -30,6 +30,8 @@ DAG = "olmocr_ingest"
 # The shape of the issue's scenario: 8 concurrent x 0.5 s = 16 pages/s, a pool of two slots.
 SERVER = {"capacity": 8, "latency_s": 0.5}
 POOL_SLOTS = 2
+# The server's places while the big run's pages are held (one per running big instance's first page).
+HELD_CAPACITY = 2
 BIG_DOCUMENTS, BIG_PAGES = 20, 20
 
 
@@ -42,6 +44,10 @@ def two_slot_pool(deployment: Deployment) -> Iterator[None]:
     deployment.api.ok("PATCH", path, json=body | {"slots": POOL_SLOTS}, params={"update_mask": "slots"})
     yield
     deployment.api.ok("PATCH", path, json=body, params={"update_mask": "slots"})
+
+
+def _nothing() -> None:
+    pass
 
 
 def _seconds(run: dict[str, Any]) -> float:
@@ -66,17 +72,34 @@ def _convert_logs(deployment: Deployment, run_id: str) -> dict[int, str]:
     return logs
 
 
-def _one_page_run(deployment: Deployment, bucket: Bucket, prefix: str, name: str, doc_id: int) -> dict[str, Any]:
+def _one_page_run(
+    deployment: Deployment,
+    bucket: Bucket,
+    prefix: str,
+    name: str,
+    doc_id: int,
+    *,
+    once_sent: Callable[[], None] = _nothing,
+) -> dict[str, Any]:
+    """A REST run naming one one-page document; ``once_sent`` is called when its page is at the server."""
     source = bucket.put_pdf(f"{prefix}urgent/{name}.pdf", pages=1, doc_id=doc_id)
     output = bucket.uri(f"{prefix}out/")
     conf = {"input_uri": bucket.uri(f"{prefix}urgent/"), "output_uri": output, "documents": [source]}
     response = deployment.api.trigger(DAG, conf)
     assert response.status_code == 200, response.text
+    wait_until(
+        lambda: _page_requests(deployment, doc_id) != [], 300, interval=0.5, what=f"the {name} run's page request"
+    )
+    once_sent()
     run = deployment.api.wait_for_run(DAG, response.json()["dag_run_id"], timeout=300)
     assert run["state"] == "success"
     manifest = bucket.manifest(conf["output_uri"], DAG, run["dag_run_id"])
     assert manifest is not None and converted(manifest) == [source]
     return run
+
+
+def _page_requests(deployment: Deployment, doc_id: int) -> list[dict[str, Any]]:
+    return [r for r in deployment.standin.requests() if (r.get("marker") or {}).get("doc_id") == doc_id]
 
 
 def test_documents_run_overtakes_a_saturating_low_priority_run(
@@ -117,7 +140,18 @@ def test_documents_run_overtakes_a_saturating_low_priority_run(
         return len(running) == POOL_SLOTS and len(waiting) > POOL_SLOTS
 
     wait_until(saturated, 600, interval=1.0, what="the low-priority run holding both slots with more waiting")
-    loaded = _one_page_run(deployment, bucket, prefix, "loaded", doc_id=202)
+    # The server's queue, made to stand whatever the machine's speed: the big run's pages are held by
+    # the server (its "slow" fault) in the two places it serves, so every other request waits, until
+    # the one-page run's page is waiting too. Released then, the server must pick it before the low
+    # pages queued ahead of it (first come, first served would not).
+    held = {f"{210 + index}:{page}": "slow" for index in range(BIG_DOCUMENTS) for page in range(1, BIG_PAGES + 1)}
+    deployment.standin.configure(capacity=HELD_CAPACITY, always=held, slow_s=3600)
+    wait_until(
+        lambda: deployment.standin.stats()["waiting"] > 0, 300, interval=0.5, what="big-run pages waiting at the server"
+    )
+    loaded = _one_page_run(
+        deployment, bucket, prefix, "loaded", doc_id=202, once_sent=lambda: deployment.standin.configure(slow_s=0)
+    )
     big_converts = _converts(deployment, big_id)
     # Everything asserted below happened by now; the rest of the big run would only lengthen the tier.
     # Marked failed over REST, its running instances are stopped and the waiting ones never start.
@@ -163,10 +197,8 @@ def test_documents_run_overtakes_a_saturating_low_priority_run(
     assert {ti["pool"] for ti in big_converts} == {POOL}
     assert {ti["priority_weight"] for ti in big_converts} == {AIRFLOW_WEIGHT[LOW]}
     # 3. Every page request carried its run's class to the server's queue, and the urgent page started
-    #    before any low-priority request already waiting when it arrived (first come, first served would
-    #    start those first). The big run's low class backs its window off while it holds both slots, so
-    #    whether such a queue stands at that moment depends on timing; the pool order above is what
-    #    fails without classes, and the stand-in's priority queue has its own tests (test_standin).
+    #    before every low-priority request already waiting when it arrived (first come, first served
+    #    would start those first); the hold above makes sure some were.
     records = deployment.standin.requests()
     assert {VLLM_PRIORITY[HIGH], VLLM_PRIORITY[LOW]} <= {record["priority"] for record in records}
     # 4. The CPU: a big-run instance that started while the urgent run was active niced itself (it asks
@@ -187,4 +219,5 @@ def test_documents_run_overtakes_a_saturating_low_priority_run(
     urgent_pages = [r for r in records if r.get("priority") == VLLM_PRIORITY[HIGH] and r["seq"] > idle_seq]
     page = min(urgent_pages, key=lambda r: r["seq"])
     waiting = [r for r in low if r["queued"] < page["queued"] < r["started"]]
+    assert waiting, "no low-priority request was waiting at the server when the urgent page arrived"
     assert all(page["started"] <= r["started"] for r in waiting), (page, waiting)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -45,24 +45,53 @@ def test_convert_instances_run_on_both_workers_and_never_beyond_the_pool(
         response = deployment.api.trigger(DAG, conf)
         assert response.status_code == 200, response.text
         run_id = response.json()["dag_run_id"]
-        most, hosts = 0, set()
-        while deployment.api.dag_run(DAG, run_id)["state"] not in ("success", "failed"):
-            running = deployment.running_converts()
-            most = max(most, len(running))
-            hosts |= {ti["hostname"] for ti in running if ti["dag_run_id"] == run_id}
-            time.sleep(0.5)
+        run = deployment.api.wait_for_run(DAG, run_id, timeout=1200)
 
-    assert deployment.api.dag_run(DAG, run_id)["state"] == "success"
+    assert run["state"] == "success"
     instances = [ti for ti in deployment.api.task_instances(DAG, run_id) if ti["task_id"] == "convert"]
     assert len(instances) > 1, "the run mapped a single convert instance: nothing to spread"
     assert {ti["hostname"] for ti in instances} == set(deployment.cluster.worker_names())
-    assert most <= slots, f"{most} convert instances ran at once in a pool of {slots}"
-    assert most > 1, "the sampling never saw instances overlap: it proves nothing about the pool"
-    assert hosts, "no running instance was ever sampled"
+    # The pool's bound from Airflow's own record of every instance that ran in it meanwhile (any run's),
+    # each from its start to its end: no moment is missed, as sampling the running ones could.
+    most, at = _most_at_once(_pool_instances(deployment, run["start_date"], run["end_date"]))
+    assert most <= slots, f"{most} instances ran at once in the pool of {slots} at {at}"
+    assert most > 1, "no two instances ever ran at once: the run proves nothing about the pool"
     manifest = bucket.manifest(output, DAG, run_id)
     assert manifest is not None
     assert sources(manifest) == converted(manifest) == sorted(doc_ids), statuses(manifest)
     assert_outputs_name_their_pages(bucket, manifest, doc_ids)
+
+
+def _pool_instances(deployment: Deployment, start: str, end: str) -> list[dict[str, Any]]:
+    """Every task instance of the vLLM pool (any DAG, any run) that was running between ``start`` and ``end``."""
+    params = {"pool": POOL, "start_date_lte": end, "limit": 1000}
+    found = deployment.api.ok("GET", "/api/v2/dags/~/dagRuns/~/taskInstances", params=params)["task_instances"]
+    return [
+        ti
+        for ti in found
+        if ti["start_date"] is not None and (ti["end_date"] is None or _at(ti["end_date"]) > _at(start))
+    ]
+
+
+def _most_at_once(instances: list[dict[str, Any]]) -> tuple[int, str | None]:
+    """The most instances running at one moment, and that moment (each runs from start_date to end_date).
+
+    At equal times an end counts before a start: Airflow gives a slot to the next instance only once
+    the one holding it has ended."""
+    events = sorted(
+        [(_at(ti["start_date"]), 1) for ti in instances]
+        + [(_at(ti["end_date"]), -1) for ti in instances if ti["end_date"] is not None]
+    )
+    most, running, moment = 0, 0, None
+    for when, step in events:
+        running += step
+        if running > most:
+            most, moment = running, when.isoformat()
+    return most, moment
+
+
+def _at(timestamp: str) -> datetime:
+    return datetime.fromisoformat(timestamp)
 
 
 def _planned_batches(deployment: Deployment, run_id: str) -> list[dict[str, Any]] | None:
