@@ -3,14 +3,21 @@
 ``make test`` (``scripts/run-tests.sh``) runs each solo tier (tests carrying the tier's marker, such as
 ``deployment``) as a pytest process of its own beside the rest of the suite, because the tier's tests
 share one expensive package-scoped fixture. It names a file in ``OLMOCR_TIER_RECORD``; the tests of a
-solo tier (``tests/conftest.py``) and the deployment harness at each start append one JSON line to it,
-with their process id. ``python -m olmocr_tasks.testing.tier_record FILE`` then fails when a tier's tests ran in more
-than one process (two deployments on a 2-core machine, module fixtures run twice) or a tier started its
+solo tier (``tests/conftest.py``), the deployment harness and the compose tier's stack at each start
+append one JSON line to it, with their process id. ``python -m olmocr_tasks.testing.tier_record FILE``
+then fails when a tier's tests ran in more than one process (two deployments on a 2-core machine,
+module fixtures run twice) or a tier started its
 deployment more than once. Without the variable (a plain ``pytest`` run) nothing is recorded.
+
+The script also says which tiers' processes passed (``--ran TIER``): each must have recorded its tests,
+so a run whose recording was lost (the hook removed, the variable not passed on: an empty record)
+fails instead of passing unchecked. In a run of the whole suite (``--whole-suite``) each of those that
+starts a deployment (``DEPLOYMENT_TIERS``) must have recorded that start, exactly once.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -22,6 +29,8 @@ from typing import Any
 RECORD_ENV = "OLMOCR_TIER_RECORD"
 TEST = "test"
 START = "start"
+# Tiers whose tests share a deployment they start once per run (tests/deployment's cluster, tests/compose's stack).
+DEPLOYMENT_TIERS = ("deployment", "compose")
 
 
 def record(kind: str, tier: str, **details: Any) -> None:
@@ -38,15 +47,24 @@ def record(kind: str, tier: str, **details: Any) -> None:
         os.close(fd)
 
 
-def problems(entries: Iterable[dict[str, Any]]) -> list[str]:
-    """What the record shows went wrong: a tier in several processes, a deployment started several times."""
+def problems(entries: Iterable[dict[str, Any]], *, ran: Iterable[str] = (), whole_suite: bool = False) -> list[str]:
+    """What the record shows went wrong: a tier in several processes, a deployment started several times,
+    a tier that passed (``ran``) without recording its tests, or (``whole_suite``) its deployment's start."""
     pids: dict[str, set[int]] = defaultdict(set)
     starts: dict[str, int] = defaultdict(int)
+    tests: dict[str, int] = defaultdict(int)
     for entry in entries:
         pids[entry["tier"]].add(entry["pid"])
         if entry["kind"] == START:
             starts[entry["tier"]] += 1
+        elif entry["kind"] == TEST:
+            tests[entry["tier"]] += 1
     found = []
+    for tier in sorted(set(ran)):
+        if tests[tier] == 0:
+            found.append(f"the {tier} tier passed but recorded no test: the record cannot show it ran in one process")
+        elif whole_suite and tier in DEPLOYMENT_TIERS and starts[tier] == 0:
+            found.append(f"the {tier} tier passed but recorded no start of its deployment")
     for tier, tier_pids in sorted(pids.items()):
         if len(tier_pids) > 1:
             found.append(f"the {tier} tier ran in {len(tier_pids)} processes ({sorted(tier_pids)}), not one")
@@ -75,13 +93,15 @@ def summary(entries: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m olmocr_tasks.testing.tier_record RECORD_FILE", file=sys.stderr)
-        return 2
-    entries = read(Path(argv[0]))
-    found = problems(entries)
+    parser = argparse.ArgumentParser(prog="python -m olmocr_tasks.testing.tier_record", description=__doc__)
+    parser.add_argument("record", help="the JSON-lines record the tiers appended to")
+    parser.add_argument("--ran", action="append", default=[], metavar="TIER", help="a tier whose process passed")
+    parser.add_argument("--whole-suite", action="store_true", help="the run was the whole suite (no selection)")
+    args = parser.parse_args(argv)
+    entries = read(Path(args.record))
+    found = problems(entries, ran=args.ran, whole_suite=args.whole_suite)
     for problem in found:
-        print(f"error: {problem} (record: {argv[0]})", file=sys.stderr)
+        print(f"error: {problem} (record: {args.record})", file=sys.stderr)
     print(f"solo tiers: {summary(entries)}")
     return 1 if found else 0
 

@@ -22,6 +22,7 @@ import httpx
 import psutil
 import pytest
 
+from olmocr_tasks.testing import tier_record
 from olmocr_tasks.testing.bucket import Bucket
 from olmocr_tasks.testing.cluster import AirflowApi, wait_until
 from olmocr_tasks.testing.pdfgen import page_line
@@ -63,6 +64,8 @@ LONG_RUNNING = {
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
+    # make test checks afterwards that this happened once in its run (tier_record).
+    tier_record.record(tier_record.START, "compose")
     with engine_and_base():
         before = Snapshot.take()
         stack = Stack(compose=compose_command())
