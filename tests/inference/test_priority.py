@@ -45,7 +45,8 @@ def test_event_runs_are_high_and_an_unknown_class_is_refused() -> None:
     assert run_class("manual", {}, names_documents=True) == HIGH
     with pytest.raises(ConfigurationError, match="priority class"):
         run_class("manual", {"priority_class": "urgent"})
-    assert VLLM_PRIORITY[HIGH] < VLLM_PRIORITY[NORMAL] == 0 < VLLM_PRIORITY[LOW]
+    # A request without the field (another client of a shared server) ranks with scheduled runs.
+    assert VLLM_PRIORITY[NORMAL] == 0
 
 
 def test_priority_is_the_last_key_as_json_dumps_writes_it() -> None:
@@ -82,6 +83,47 @@ def test_priority_reaches_vllm_only_under_priority_scheduling(standin_factory: A
     assert prioritised.requests()[0]["priority"] == VLLM_PRIORITY[LOW]
 
 
+def test_a_priority_server_serves_each_class_before_the_ones_below_it(standin_factory: Any) -> None:
+    """The classes' values order the server's queue as the classes mean: waiting requests of a low, a
+    normal and a high run, queued in that order, are served high first, low last."""
+    server = standin_factory(scheduling_policy="priority", capacity=1, scripts={"9:1": ["slow"]}, slow_s=3600)
+    model = ServerSettings().connection.model
+
+    def settings(priority_class: str) -> ServerSettings:
+        return ServerSettings(
+            base_urls=(server.url,),
+            model=model,
+            adaptive_concurrency=False,
+            scheduling_policy="priority",
+            priority=VLLM_PRIORITY[priority_class],
+            hedge_requests=False,
+        )
+
+    def body(doc: int) -> bytes:
+        return RequestBodyBuilder(model).build(marked_png(doc, 1, as_base64=True), 0.1)
+
+    async def waiting(count: int) -> None:
+        while server.stats()["waiting"] < count:
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        clients = {cls: InferenceClient(settings(cls)) for cls in (NORMAL, LOW, HIGH)}
+        async with clients[NORMAL], clients[LOW], clients[HIGH]:
+            holding = asyncio.ensure_future(clients[NORMAL].complete(body(9)))  # holds the one place
+            while server.stats()["running"] < 1:
+                await asyncio.sleep(0.01)
+            sent = []
+            for doc, cls in ((1, LOW), (2, NORMAL), (3, HIGH)):
+                sent.append(asyncio.ensure_future(clients[cls].complete(body(doc))))
+                await waiting(len(sent))
+            server.configure(slow_s=0)
+            await asyncio.gather(holding, *sent)
+
+    asyncio.run(scenario())
+    started = {r["marker"]["doc_id"]: r["started"] for r in server.requests() if r["marker"]["doc_id"] != 9}
+    assert sorted(started, key=started.__getitem__) == [3, 2, 1], "served high, normal, low"
+
+
 def test_unknown_scheduling_policy_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="scheduling_policy"):
         InferenceClient(ServerSettings(scheduling_policy="lottery"))
@@ -111,7 +153,6 @@ def test_cluster_policy_weighs_convert_instances_by_class(
     ti = _convert_ti()
     task_instance_mutation_hook(ti, SimpleNamespace(run_type=run_type, conf=conf))
     assert (ti.priority_weight, ti.pool) == (weight, "olmocr_vllm")
-    assert AIRFLOW_WEIGHT[HIGH] > AIRFLOW_WEIGHT[NORMAL] > AIRFLOW_WEIGHT[LOW]
 
 
 class _Pools:
