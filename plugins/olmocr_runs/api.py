@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 
 from olmocr_tasks.core.redaction import redact_fields, redact_url
 
+from .access import readable
 from .dependencies import ApiRuns, MountPath, unreadable_manifest
 from .pages import MAX_PER_PAGE
 from .store import READ_ERRORS, ManifestFile
@@ -27,7 +28,7 @@ def api_runs(
     offset: int = Query(0, ge=0),
 ) -> JSONResponse:
     store = lookup.store()
-    listing = store.listing()
+    listing = readable(store.listing(), lookup.access)
     body = {
         "manifests": redact_url(store.display_dir),
         "total": len(listing.runs),

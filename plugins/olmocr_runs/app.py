@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from olmocr_tasks.storage.store import Storage
 
 from . import api, pages
+from .access import RunAccess, run_access
 from .configured import ConfiguredLocation
 from .templating import render
 
@@ -29,6 +30,7 @@ def create_app(
     airflow_ui_base: str | None = None,
     dependencies: Sequence[Any] | None = None,
     storage_for: Callable[[str], Storage] | None = None,
+    access: Callable[..., RunAccess] | None = None,
 ) -> FastAPI:
     """Build the app. ``output_uri`` overrides the environment and the Airflow Variable.
 
@@ -37,7 +39,8 @@ def create_app(
     every route: the plugin passes Airflow's authentication check there, because apps mounted by
     plugins are not protected by the api-server otherwise. ``storage_for`` gives the ``Storage`` that
     reads an output URI (the plugin's reads S3 through the ``aws_default`` connection, as the tasks
-    do); by default the environment's AWS settings.
+    do); by default the environment's AWS settings. ``access`` is a FastAPI dependency giving the
+    requesting user's ``RunAccess`` (which runs they may see); by default every run.
     """
     app = FastAPI(
         dependencies=list(dependencies or []),
@@ -45,13 +48,22 @@ def create_app(
         description="Run manifests of olmOCR conversions",
         docs_url=None,
         redoc_url=None,
-        openapi_url="/api/openapi.json",
+        # Served by a route of our own below: FastAPI's own OpenAPI route skips the app's dependencies,
+        # so it would answer without sign-in.
+        openapi_url=None,
     )
+    if access is not None:
+        app.dependency_overrides[run_access] = access
     app.state.location = ConfiguredLocation(output_uri, storage_for)
     app.state.airflow_ui_base = airflow_ui_base
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.include_router(pages.router)
     app.include_router(api.router)
+
+    @app.get("/api/openapi.json", include_in_schema=False, name="openapi")
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
     return app
 
 

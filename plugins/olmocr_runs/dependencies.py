@@ -1,6 +1,6 @@
 """What the routes share, as FastAPI dependencies: the configured manifest store, the JSON API's run
-lookup (503 while no location is configured, 404 for an unknown run, 422 for an unreadable
-manifest), and the paths links start from.
+lookup (503 while no location is configured, 404 for an unknown run, 403 for a run of a DAG the user
+may not read, 422 for an unreadable manifest), and the paths links start from.
 
 ``create_app`` keeps the app's settings in ``app.state``: ``location`` (a ``ConfiguredLocation``)
 and ``airflow_ui_base``.
@@ -15,6 +15,7 @@ from fastapi import Depends, HTTPException, Request
 
 from olmocr_tasks.location.manifest_reader import ManifestReader
 
+from .access import RunAccess, RunAccessDep, dag_of, forbidden
 from .configured import ConfiguredLocation, not_configured_message
 from .store import ManifestFile, ManifestReadError, ManifestStore
 
@@ -63,8 +64,9 @@ class RunLookup:
     its 422 rather than a 503 or 404.
     """
 
-    def __init__(self, store: ManifestStore | None) -> None:
+    def __init__(self, store: ManifestStore | None, access: RunAccess) -> None:
         self._store = store
+        self.access = access
 
     def store(self) -> ManifestStore:
         if self._store is None:
@@ -79,12 +81,17 @@ class RunLookup:
         try:
             reader = store.reader(manifest)
         except ManifestReadError as exc:
+            # Whose run it is cannot be read: only those who may see runs of no DAG learn why.
+            if not self.access.may_read(None):
+                raise forbidden() from exc
             raise unreadable_manifest(exc) from exc
+        if not self.access.may_read(dag_of(reader.summary)):
+            raise forbidden()
         return ApiRun(manifest, reader)
 
 
-def run_lookup(store: ConfiguredStore) -> RunLookup:
-    return RunLookup(store)
+def run_lookup(store: ConfiguredStore, access: RunAccessDep) -> RunLookup:
+    return RunLookup(store, access)
 
 
 ApiRuns = Annotated[RunLookup, Depends(run_lookup)]

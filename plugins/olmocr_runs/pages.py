@@ -22,6 +22,7 @@ from olmocr_tasks.location.manifest_reader import ManifestReader
 from olmocr_tasks.storage.access import AccessPolicy, LocationNotAllowedError
 
 from . import charts
+from .access import RunAccess, RunAccessDep, dag_of, readable
 from .configured import not_configured_message
 from .dependencies import AirflowBase, ConfiguredStore
 from .paging import PAGE_SIZE, STATES, SearchResult, page_of_documents, search_runs
@@ -32,6 +33,7 @@ from .templating import render
 MAX_PER_PAGE = 500
 # Documents listed per page of a search across runs; the next page continues where it stopped.
 MAX_MATCHES = 100
+_NOT_YOURS = "You are not allowed to read the runs of this DAG"
 
 router = APIRouter()
 
@@ -41,6 +43,7 @@ def runs_page(
     request: Request,
     store: ConfiguredStore,
     airflow_base: AirflowBase,
+    access: RunAccessDep,
     page: int = Query(1, ge=1),
     per_page: int = Query(50, ge=1, le=MAX_PER_PAGE),
     q: str = Query("", max_length=500, description="part of a source name, searched across every run"),
@@ -52,7 +55,7 @@ def runs_page(
         # Nothing failed: the page says what to configure.
         listing, location, search, status_code = Listing(error=not_configured_message()), None, None, 200
     else:
-        listing = store.listing()
+        listing = readable(store.listing(), access)
         location = redact_url(store.display_dir)
         search = _search(store, listing, query, from_run, start) if query else None
         status_code = 502 if listing.error else 200
@@ -100,6 +103,7 @@ def run_page(
     run_key: str,
     store: ConfiguredStore,
     airflow_base: AirflowBase,
+    access: RunAccessDep,
     page: int = Query(1, ge=1, description="page of the documents table"),
     state: str = Query("", description="only documents of this status: converted, failed or skipped"),
     q: str = Query("", max_length=500, description="only documents whose source contains this"),
@@ -118,8 +122,13 @@ def run_page(
     if manifest is None:
         return render(request, "not_found.html", status_code=404, what="run", run_key=run_key)
     try:
-        # The summary (with the charts' overview), and the shard(s) of the one page shown.
         reader = store.reader(manifest)
+    except ManifestReadError as exc:
+        return _unreadable_or_forbidden(request, run_key, access, exc)
+    if not access.may_read(dag_of(reader.summary)):
+        return _forbidden(request, run_key)
+    try:
+        # The summary (with the charts' overview), and the shard(s) of the one page shown.
         overview = store.overview(manifest, reader)
         documents = page_of_documents(reader, page=page, state=state, query=q.strip(), start=start)
     except (ManifestReadError, *READ_ERRORS) as exc:
@@ -143,6 +152,25 @@ def run_page(
         charts=_charts(detail),
         server_json=json.dumps(detail.server, indent=1, sort_keys=True, default=str),
         settings_json=json.dumps(detail.settings, indent=1, sort_keys=True, default=str),
+    )
+
+
+def _forbidden(request: Request, run_key: str) -> HTMLResponse:
+    message = "You are not allowed to read the runs of this DAG."
+    return render(request, "not_found.html", status_code=403, what="forbidden", run_key=run_key, message=message)
+
+
+def _unreadable_or_forbidden(request: Request, run_key: str, access: RunAccess, exc: Exception) -> HTMLResponse:
+    """A summary that cannot be read names no DAG: only those who may see runs of no DAG learn why."""
+    if not access.may_read(None):
+        return _forbidden(request, run_key)
+    return render(
+        request,
+        "not_found.html",
+        status_code=422,
+        what="manifest",
+        run_key=run_key,
+        message=f"The manifest of this run could not be read ({exc}).",
     )
 
 
@@ -202,7 +230,7 @@ def _charts(detail: RunDetail) -> list[dict[str, Any]]:
 
 
 @router.get("/runs/{run_key}/documents/{index}/{kind}", name="document_output")
-def document_output(run_key: str, index: int, kind: str, store: ConfiguredStore) -> Response:
+def document_output(run_key: str, index: int, kind: str, store: ConfiguredStore, access: RunAccessDep) -> Response:
     """A document's markdown or Dolma record, as plain text.
 
     Found through the manifest (never a path from the request) and served only from below the
@@ -214,8 +242,16 @@ def document_output(run_key: str, index: int, kind: str, store: ConfiguredStore)
     if manifest is None:
         return PlainTextResponse("No such run or output", status_code=404)
     try:
+        reader = store.reader(manifest)
+    except ManifestReadError as exc:
+        if not access.may_read(None):
+            return PlainTextResponse(_NOT_YOURS, status_code=403)
+        return PlainTextResponse(f"Unreadable manifest: {exc}", status_code=422)
+    if not access.may_read(dag_of(reader.summary)):
+        return PlainTextResponse(_NOT_YOURS, status_code=403)
+    try:
         # Only the shard holding this entry is read, not the whole run.
-        uri = output_of(store.document(manifest, index), kind)
+        uri = output_of(store.document(manifest, index, reader), kind)
     except ManifestReadError as exc:
         return PlainTextResponse(f"Unreadable manifest: {exc}", status_code=422)
     if uri is None:

@@ -112,6 +112,8 @@ class RunSummary:
     estimated_cost: float | None
     model: str
     trigger: str = ""
+    # The DAG that made the run (empty for a CLI run): who may see it is decided by it (``access``).
+    dag_id: str = ""
     sort_key: tuple[datetime, str] = field(repr=False, default=(_EPOCH, ""))
 
     @property
@@ -130,6 +132,7 @@ def summarize(key: str, data: dict[str, Any]) -> RunSummary:
     metrics = metrics_of(data)
     cost = metrics.get("cost") if isinstance(metrics.get("cost"), dict) else {}
     finished = _text(data.get("finished_at"))
+    trigger = trigger_of(data)
     return RunSummary(
         key=key,
         run_id=_text(data.get("run_id")) or key,
@@ -141,7 +144,8 @@ def summarize(key: str, data: dict[str, Any]) -> RunSummary:
         fallback_rate=_float(metrics.get("fallback_rate")),
         estimated_cost=_float(cost.get("estimated_cost")),
         model=_text(data.get("model")),
-        trigger=trigger_of(data).label,
+        trigger=trigger.label,
+        dag_id=trigger.dag_id,
         # Runs without a readable finish time sort after all others.
         sort_key=(parse_time(finished) or _EPOCH, key),
     )

@@ -133,11 +133,13 @@ class ManifestStore:
             self._overviews[key] = folded
         return folded
 
-    def document(self, manifest: ManifestFile, index: int) -> dict[str, Any] | None:
+    def document(
+        self, manifest: ManifestFile, index: int, reader: ManifestReader | None = None
+    ) -> dict[str, Any] | None:
         """One document entry by its position in the manifest, reading only the shard that holds it."""
         if index < 0:
             return None
-        reader = self.reader(manifest)
+        reader = reader or self.reader(manifest)
         try:
             page = reader.page(index, 1)
         except READ_ERRORS as exc:
