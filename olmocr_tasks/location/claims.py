@@ -49,6 +49,7 @@ from typing import Any
 from olmocr_tasks.core.errors import StorageError
 from olmocr_tasks.location.layout import ConversionState, claim_successor, first_claim_of
 from olmocr_tasks.location.ledger import fingerprint, source_id
+from olmocr_tasks.location.records import RecordTooLargeError, read_record
 from olmocr_tasks.storage.store import ObjectInfo, Storage
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,20 @@ class ClaimRecord:
             return cls(token, "unknown", "", "", 0, datetime.min.replace(tzinfo=UTC))
 
 
+def read_claim(storage: Storage, uri: str) -> ClaimRecord | None:
+    """The claim record at ``uri`` (None: there is none), read bounded (``OLMOCR_MAX_RECORD_BYTES``).
+
+    One past the bound is a damaged record: expired, held by nobody, its token derived from its URI
+    so that every run walks the same chain past it.
+    """
+    try:
+        raw = read_record(storage, uri)
+    except RecordTooLargeError as exc:
+        log.warning("treating an oversized claim as damaged: %s", exc)
+        raw = f"oversized claim record {uri}".encode()
+    return None if raw is None else ClaimRecord.from_bytes(raw)
+
+
 @dataclass(frozen=True)
 class Blocked:
     """Another run holds the version (``cooling_down`` False) or failed it recently (True)."""
@@ -172,12 +187,11 @@ class ClaimBook:
             record = self._record(token)
             if self.storage.create_exclusive(key, record.to_bytes()):
                 return Claim(self, [*chain, key], record)
-            raw = self.storage.read_bytes_or_none(key)
-            if raw is None:
+            existing = read_claim(self.storage, key)
+            if existing is None:
                 # Released between our create and our read: start again from the first claim.
                 chain, key = [], root
                 continue
-            existing = ClaimRecord.from_bytes(raw)
             blocker = existing
             chain.append(key)
             successor = claim_successor(root, existing.token)
@@ -241,9 +255,9 @@ class Claim:
         """
         if self.lost_to is not None or self._released:
             return False
-        raw = self._book.storage.read_bytes_or_none(self._successor_uri)
-        if raw is not None:
-            self.lost_to = ClaimRecord.from_bytes(raw)
+        successor = read_claim(self._book.storage, self._successor_uri)
+        if successor is not None:
+            self.lost_to = successor
             return False
         return True
 
@@ -280,8 +294,8 @@ class Claim:
         if not self.still_held():
             return
         storage = self._book.storage
-        own = storage.read_bytes_or_none(self.uri)
-        if own is None or ClaimRecord.from_bytes(own).token != self.record.token:
+        own = read_claim(storage, self.uri)
+        if own is None or own.token != self.record.token:
             # Not ours any more although nobody took it over (removed by hand): nothing to give back.
             self._released = True
             return
@@ -340,9 +354,9 @@ def stale_claims(
     for root, objects in sorted(groups.items()):
         records: dict[str, ClaimRecord] = {}
         for uri in objects:
-            raw = storage.read_bytes_or_none(uri)
-            if raw is not None:  # gone meanwhile (released): nothing to remove
-                records[uri] = ClaimRecord.from_bytes(raw)
+            record = read_claim(storage, uri)
+            if record is not None:  # gone meanwhile (released): nothing to remove
+                records[uri] = record
         chain: list[str] = []
         key = root
         while key in records and key not in chain:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -41,8 +42,11 @@ from typing import Any, Literal
 from olmocr_tasks.core.clock import utc_now
 from olmocr_tasks.location.layout import LAYOUT_VERSION, OutputLocation, checked_sha256
 from olmocr_tasks.location.outputs import outputs_hold
+from olmocr_tasks.location.records import RecordTooLargeError, read_record
 from olmocr_tasks.storage.store import ObjectInfo, Storage
 from olmocr_tasks.storage.uri import is_s3, local_path
+
+log = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 2000
 
@@ -283,9 +287,18 @@ class Ledger:
         except (ValueError, KeyError, TypeError):
             return None
 
+    def _read_record(self, uri: str) -> bytes | None:
+        """A marker or content record, bounded: one past ``OLMOCR_MAX_RECORD_BYTES`` reads as absent,
+        as a damaged one does (a reconversion at most), and is never held whole."""
+        try:
+            return read_record(self.storage, uri)
+        except RecordTooLargeError as exc:
+            log.warning("ignoring a state record: %s", exc)
+            return None
+
     def _read_marker(self, uri: str) -> dict[str, Any] | None:
         if uri not in self._markers_read:
-            raw = self.storage.read_bytes_or_none(uri)
+            raw = self._read_record(uri)
             try:
                 data = json.loads(raw) if raw is not None else None
             except ValueError:
@@ -306,7 +319,7 @@ class Ledger:
         With ``verify_outputs`` the recorded Dolma output must exist and still carry this SHA-256
         (its key may since have been overwritten by a changed source of the same name).
         """
-        raw = self.storage.read_bytes_or_none(self.state.content(checked_sha256(sha256)))
+        raw = self._read_record(self.state.content(checked_sha256(sha256)))
         if raw is None:
             return None
         try:
@@ -337,7 +350,7 @@ class Ledger:
         if not markers:
             return None
         latest = max(markers, key=lambda item: (item.last_modified, item.uri))
-        raw = self.storage.read_bytes_or_none(latest.uri)
+        raw = self._read_record(latest.uri)
         if raw is None:
             return None
         try:

@@ -15,19 +15,30 @@ no reader ever holds a decompressed shard or a list of its entries, only the ent
 holds the entries it returns and skips the others unparsed). Every read is bounded (``ReadLimits``):
 a summary, a shard (compressed and decompressed, so a gzip bomb stops at the bound), a line and a
 shard's entry count; a manifest past a bound is a ``ManifestFormatError``, never an exhausted memory.
+The bounds are settings (``ReadLimits.from_environment``: ``OLMOCR_MAX_SUMMARY_BYTES``,
+``OLMOCR_MAX_SHARD_BYTES``, ``OLMOCR_MAX_ENTRY_BYTES``).
+
+A manifest may have been tampered with (anyone who can write the output location can write one), so
+its JSON is read strictly: ``NaN``, ``Infinity`` and numbers beyond 64 bits are refused, and the
+summary's fields that readers rely on must have their schema's types (``check_summary``). Either
+is a ``ManifestFormatError``, which the runs page shows as an unreadable manifest.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import json
+import math
+import os
 import zlib
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from olmocr_tasks.core.config import positive_number
 from olmocr_tasks.location.layout import shards_folder
 from olmocr_tasks.location.manifest import (
     DEAD_LETTERS_KIND,
@@ -62,39 +73,160 @@ class ReadLimits:
     shard_bytes: int = 1024 * _MIB
     blank_lines: int = 10_000
 
+    @classmethod
+    def from_environment(cls) -> ReadLimits:
+        """The defaults, each replaced by its setting when set (bytes; ``ConfigurationError`` if not
+        a positive whole number): ``OLMOCR_MAX_SUMMARY_BYTES``, ``OLMOCR_MAX_SHARD_BYTES`` (compressed
+        and decompressed), ``OLMOCR_MAX_ENTRY_BYTES`` (one entry's line)."""
+        limits = cls()
+        settings = {
+            "summary_bytes": "OLMOCR_MAX_SUMMARY_BYTES",
+            "shard_bytes": "OLMOCR_MAX_SHARD_BYTES",
+            "line_bytes": "OLMOCR_MAX_ENTRY_BYTES",
+        }
+        given = {
+            field: positive_number(name, os.environ[name], int, unit="a number of bytes")
+            for field, name in settings.items()
+            if os.environ.get(name)
+        }
+        return dataclasses.replace(limits, **given)
+
 
 READ_LIMITS = ReadLimits()
+# No count, size, duration or cost a manifest records comes near 64 bits; a number past it is tampering.
+_LARGEST_NUMBER = 2**63
+
+
+def strict_json(raw: bytes | str, what: str) -> Any:
+    """``raw`` parsed as JSON without ``NaN``/``Infinity`` or numbers beyond 64 bits (``ManifestFormatError``)."""
+
+    def refuse_constant(name: str) -> Any:
+        raise ManifestFormatError(f"{what}: {name} is not a number a manifest holds")
+
+    def bounded_int(text: str) -> int:
+        # Checked on the digits before converting: a 100,000-digit number costs seconds to convert.
+        if len(text.lstrip("-")) > 19 or abs(number := int(text)) > _LARGEST_NUMBER:
+            raise ManifestFormatError(f"{what}: the integer {text[:24]}... is beyond 64 bits")
+        return number
+
+    def bounded_float(text: str) -> float:
+        number = float(text)
+        if not math.isfinite(number) or abs(number) > _LARGEST_NUMBER:
+            raise ManifestFormatError(f"{what}: the number {text[:24]} is beyond 64 bits")
+        return number
+
+    try:
+        return json.loads(raw, parse_constant=refuse_constant, parse_int=bounded_int, parse_float=bounded_float)
+    except ManifestFormatError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise ManifestFormatError(f"{what} is not JSON: {exc}") from exc
 
 
 class ManifestFormatError(ValueError):
     """The object is not a manifest this reader understands (not a JSON object, a bad shard list,
-    a damaged shard, or a read past its ``ReadLimits``)."""
+    a field of the wrong type, a number beyond 64 bits, a damaged shard, or a read past its
+    ``ReadLimits``)."""
+
+
+# What a summary's fields must be, by the schema (olmocr_tasks/schemas/manifest.schema.json), for the
+# fields readers and the runs page rely on; None (or absent) is allowed for each. "int" is a whole number
+# (not a bool), "number" any number; a dict of a kind is an object whose values are all that kind.
+_INT, _NUMBER, _TEXT = "int", "number", "text"
+_SUMMARY_FIELDS: dict[str, Any] = {
+    "schema_version": _INT,
+    "counts": {_INT},
+    "metrics": {"accepted_attempt_histogram": {_INT}},
+    "error_classes": {_INT},
+    "error_budget": {"problems": [_TEXT]},
+    "airflow_run": {"dag_id": _TEXT, "run_id": _TEXT},
+    "overview": {
+        "latency_histogram": [[_TEXT, _INT]],
+        "latency_count": _INT,
+        "progress": {"documents": _INT, "busy_s": _NUMBER, "points": [[_NUMBER, _NUMBER, _NUMBER]]},
+        "failure_classes": {_INT},
+        "failed": {"total": _INT, "first": [dict]},
+        "dead_letters": {"total": _INT, "first": [dict]},
+    },
+}
+_SHARDS = {"count": _INT, "shards": [{"path": _TEXT, "entries": _INT, "statuses": {_INT}}]}
+
+
+def check_summary(data: dict[str, Any]) -> None:
+    """The summary's fields readers rely on have their schema's types; else a ``ManifestFormatError``
+    naming the first field that does not (so a tampered summary is an unreadable manifest, not a
+    crash in whatever reads the field)."""
+    if "entries" in data:
+        if not isinstance(data["entries"], dict):
+            raise ManifestFormatError("'entries' is not an object")
+        for kind in _INLINE:
+            _check(data["entries"].get(kind), _SHARDS, f"entries.{kind}")
+    else:
+        for kind in _INLINE:
+            _check(data.get(kind), [dict], kind)
+    for name, kind in _SUMMARY_FIELDS.items():
+        _check(data.get(name), kind, name)
+
+
+def _check(value: Any, kind: Any, path: str) -> None:
+    if value is None:
+        return
+    if kind is dict:
+        ok = isinstance(value, dict)
+    elif isinstance(kind, str):
+        ok = {
+            _INT: isinstance(value, int) and not isinstance(value, bool),
+            _NUMBER: isinstance(value, int | float) and not isinstance(value, bool),
+            _TEXT: isinstance(value, str | int | float),  # shown as text; a number prints as itself
+        }[kind]
+    else:
+        ok = isinstance(value, dict if isinstance(kind, dict | set) else list)
+    if not ok:
+        raise ManifestFormatError(f"summary field {path} is {type(value).__name__}, not {_describe(kind)}")
+    if isinstance(kind, set):  # an object whose every value is of one kind
+        (each,) = kind
+        for key, item in value.items():
+            _check(item, each, f"{path}.{key}")
+    elif isinstance(kind, dict):
+        for key, each in kind.items():
+            _check(value.get(key), each, f"{path}.{key}")
+    elif isinstance(kind, list) and len(kind) == 1:  # a list of one kind
+        for index, item in enumerate(value):
+            _check(item, kind[0], f"{path}[{index}]")
+    elif isinstance(kind, list):  # a tuple: exactly these kinds in order
+        if len(value) != len(kind):
+            raise ManifestFormatError(f"summary field {path} has {len(value)} items, not {len(kind)}")
+        for index, (item, each) in enumerate(zip(value, kind, strict=True)):
+            _check(item, each, f"{path}[{index}]")
+
+
+def _describe(kind: Any) -> str:
+    if kind is dict or isinstance(kind, dict | set):
+        return "an object"
+    if isinstance(kind, list):
+        return "a list"
+    return {_INT: "a whole number", _NUMBER: "a number", _TEXT: "text"}[kind]
 
 
 class ManifestReader:
     """One published manifest: ``summary`` (a dict without entries) and its entries, read lazily."""
 
-    def __init__(self, storage: Storage, uri: str, data: dict[str, Any], *, limits: ReadLimits = READ_LIMITS) -> None:
+    def __init__(self, storage: Storage, uri: str, data: dict[str, Any], *, limits: ReadLimits | None = None) -> None:
         if not isinstance(data, dict):
             raise ManifestFormatError(f"expected a JSON object, found {type(data).__name__}")
+        check_summary(data)
         self.storage = storage
         self.uri = uri
-        self.limits = limits
+        self.limits = limits or ReadLimits.from_environment()
         self._inline = {kind: data.get(kind) or [] for kind in _INLINE} if "entries" not in data else None
         self.summary: dict[str, Any] = {key: value for key, value in data.items() if key not in _INLINE}
-        if self._inline is None and not isinstance(data.get("entries"), dict):
-            raise ManifestFormatError("'entries' is not an object")
 
     @classmethod
-    def from_bytes(cls, storage: Storage, uri: str, raw: bytes, *, limits: ReadLimits = READ_LIMITS) -> ManifestReader:
-        try:
-            data = json.loads(raw)
-        except ValueError as exc:
-            raise ManifestFormatError(f"not JSON: {exc}") from exc
-        return cls(storage, uri, data, limits=limits)
+    def from_bytes(cls, storage: Storage, uri: str, raw: bytes, *, limits: ReadLimits | None = None) -> ManifestReader:
+        return cls(storage, uri, strict_json(raw, f"summary {uri}"), limits=limits)
 
     @classmethod
-    def open(cls, storage: Storage, uri: str, *, limits: ReadLimits = READ_LIMITS) -> ManifestReader:
+    def open(cls, storage: Storage, uri: str, *, limits: ReadLimits | None = None) -> ManifestReader:
         """Read the summary at ``uri`` (``UnreadableSourceError`` if missing); entries are read on demand."""
         reader = cls.open_or_none(storage, uri, limits=limits, missing_ok=False)
         assert reader is not None
@@ -102,9 +234,10 @@ class ManifestReader:
 
     @classmethod
     def open_or_none(
-        cls, storage: Storage, uri: str, *, limits: ReadLimits = READ_LIMITS, missing_ok: bool = True
+        cls, storage: Storage, uri: str, *, limits: ReadLimits | None = None, missing_ok: bool = True
     ) -> ManifestReader | None:
         """``open``, or None when nothing is at ``uri`` (a run not published yet)."""
+        limits = limits or ReadLimits.from_environment()
         if missing_ok:
             stream = storage.open_read_or_none(uri, max_bytes=limits.summary_bytes)
             if stream is None:
@@ -117,7 +250,7 @@ class ManifestReader:
             except ReadLimitExceeded as exc:
                 raise ManifestFormatError(
                     f"summary {uri} is larger than {limits.summary_bytes:,} bytes (a schema 3 summary is a "
-                    "few KB; an inline schema 1 or 2 manifest this large needs ReadLimits(summary_bytes=...))"
+                    "few KB; an inline schema 1 or 2 manifest this large needs OLMOCR_MAX_SUMMARY_BYTES)"
                 ) from exc
         return cls.from_bytes(storage, uri, raw, limits=limits)
 
@@ -256,10 +389,10 @@ class ManifestReader:
         return wanted
 
     def _entry(self, uri: str, number: int, line: bytes) -> dict[str, Any]:
-        try:
-            return json.loads(line)  # type: ignore[no-any-return]
-        except ValueError as exc:
-            raise ManifestFormatError(f"shard {uri}: entry {number} is not JSON: {exc}") from exc
+        entry = strict_json(line, f"shard {uri}: entry {number}")
+        if not isinstance(entry, dict):
+            raise ManifestFormatError(f"shard {uri}: entry {number} is not an object")
+        return entry
 
     def _lines(self, uri: str, entries: int | None) -> Generator[bytes, None, None]:
         """The shard's entry lines (bytes, blank lines skipped), read from a streaming decompressor.
