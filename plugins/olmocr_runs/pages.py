@@ -8,7 +8,9 @@ by Jinja2's autoescaping, and charts escape their own labels.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 from typing import Any
 from urllib.parse import quote
 
@@ -16,10 +18,12 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from markupsafe import Markup
 
+from olmocr_tasks.core.config import positive_number
 from olmocr_tasks.core.errors import StorageError, UnreadableSourceError
 from olmocr_tasks.core.redaction import redact_url
 from olmocr_tasks.location.manifest_reader import ManifestReader
 from olmocr_tasks.storage.access import AccessPolicy, LocationNotAllowedError
+from olmocr_tasks.storage.store import ReadLimitExceeded
 
 from . import charts
 from .access import RunAccess, RunAccessDep, dag_of, readable
@@ -30,10 +34,26 @@ from .runs import OUTPUT_KINDS, RunDetail, RunSummary, build_detail, output_of
 from .store import READ_ERRORS, Listing, ManifestReadError, ManifestStore
 from .templating import render
 
+log = logging.getLogger(__name__)
+
 MAX_PER_PAGE = 500
 # Documents listed per page of a search across runs; the next page continues where it stopped.
 MAX_MATCHES = 100
 _NOT_YOURS = "You are not allowed to read the runs of this DAG"
+# What drawing a run page from a summary of an unexpected shape raises.
+_SHAPE_ERRORS = (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError)
+# A document's text is served whole; past this it is left to be read from storage.
+MAX_OUTPUT_BYTES_SETTING = "OLMOCR_MAX_OUTPUT_BYTES"
+DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024 * 1024
+
+
+def max_output_bytes() -> int:
+    """``OLMOCR_MAX_OUTPUT_BYTES``: the largest markdown or Dolma record the page serves (default 256 MiB)."""
+    value = os.environ.get(MAX_OUTPUT_BYTES_SETTING)
+    if not value:
+        return DEFAULT_MAX_OUTPUT_BYTES
+    return int(positive_number(MAX_OUTPUT_BYTES_SETTING, value, int, unit="a number of bytes"))
+
 
 router = APIRouter()
 
@@ -140,7 +160,14 @@ def run_page(
             run_key=run_key,
             message=f"The manifest of this run could not be read ({exc}).",
         )
-    detail = build_detail(manifest.key, reader.summary, overview, airflow_base)
+    try:
+        detail = build_detail(manifest.key, reader.summary, overview, airflow_base)
+        drawn = _charts(detail)
+    except _SHAPE_ERRORS as exc:
+        # The reader checks the summary's types; a shape it lets through that the page cannot draw is
+        # still this run's problem, not the server's (logged whole, as it may be a bug of the page).
+        log.exception("run %s: the page cannot be drawn from its summary", manifest.key)
+        return _unreadable_or_forbidden(request, run_key, access, exc)
     return render(
         request,
         "run.html",
@@ -149,7 +176,7 @@ def run_page(
         documents=documents,
         states=STATES,
         page_size=PAGE_SIZE,
-        charts=_charts(detail),
+        charts=drawn,
         server_json=json.dumps(detail.server, indent=1, sort_keys=True, default=str),
         settings_json=json.dumps(detail.settings, indent=1, sort_keys=True, default=str),
     )
@@ -260,8 +287,13 @@ def document_output(run_key: str, index: int, kind: str, store: ConfiguredStore,
         AccessPolicy(inputs=None, outputs=(store.output_uri,)).check_output(uri)
     except LocationNotAllowedError:
         return PlainTextResponse("This output is not under the output location", status_code=403)
+    limit = max_output_bytes()
     try:
-        body = store.storage.read_bytes(uri)
+        with store.storage.open_read(uri, max_bytes=limit) as stream:
+            body = stream.read()
+    except ReadLimitExceeded:
+        message = f"This output is larger than {limit:,} bytes ({MAX_OUTPUT_BYTES_SETTING}): read it from storage"
+        return PlainTextResponse(message, status_code=413)
     except (StorageError, UnreadableSourceError) as exc:
         return PlainTextResponse(f"The output could not be read: {exc}", status_code=404)
     name = uri.rsplit("/", 1)[-1]

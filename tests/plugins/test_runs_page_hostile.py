@@ -72,7 +72,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
 
 
 def _replace_text(summary: Path, old: str, new: str) -> None:
-    """Edit the summary as text, for what ``json.dumps`` cannot write (a 400-digit literal is fine, but keep one path)."""
+    """Edit the summary as text: for literals ``json.dumps`` does not write (NaN, Infinity, 400 digits)."""
     text = summary.read_text()
     assert old in text
     summary.write_text(text.replace(old, new, 1))
@@ -161,3 +161,13 @@ def test_a_tampered_manifest_is_unreadable_never_a_server_error(tmp_path: Path, 
         assert response.status_code == 422, (route, response.status_code, response.text[:500])
         assert "Unreadable manifest" in response.text, route
         assert reason in response.text, (route, response.text[:500])
+
+
+def test_a_document_output_past_its_bound_is_not_read_whole(
+    tmp_path: Path, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _publish(tmp_path / "out")
+    monkeypatch.setenv("OLMOCR_MAX_OUTPUT_BYTES", "8")
+    response = client.get(ROUTES[-1])
+    assert response.status_code == 413
+    assert "larger than 8 bytes (OLMOCR_MAX_OUTPUT_BYTES)" in response.text
