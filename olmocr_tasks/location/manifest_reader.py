@@ -19,8 +19,8 @@ The bounds are settings (``ReadLimits.from_environment``: ``OLMOCR_MAX_SUMMARY_B
 ``OLMOCR_MAX_SHARD_BYTES``, ``OLMOCR_MAX_ENTRY_BYTES``).
 
 A manifest may have been tampered with (anyone who can write the output location can write one), so
-its JSON is read strictly: ``NaN``, ``Infinity`` and numbers beyond 64 bits are refused, and the
-summary's fields that readers rely on must have their schema's types (``check_summary``). Either
+its JSON is read strictly: ``NaN`` and ``Infinity`` are refused, in a summary also numbers beyond 64
+bits, and the summary's fields that readers rely on must have their schema's types (``check_summary``). Either
 is a ``ManifestFormatError``, which the runs page shows as an unreadable manifest.
 """
 
@@ -97,8 +97,13 @@ READ_LIMITS = ReadLimits()
 _LARGEST_NUMBER = 2**63
 
 
-def strict_json(raw: bytes | str, what: str) -> Any:
-    """``raw`` parsed as JSON without ``NaN``/``Infinity`` or numbers beyond 64 bits (``ManifestFormatError``)."""
+def strict_json(raw: bytes | str, what: str, *, bound_numbers: bool = True) -> Any:
+    """``raw`` parsed as JSON without ``NaN``/``Infinity`` (no JSON answer could carry them) and, with
+    ``bound_numbers``, without numbers beyond 64 bits; else a ``ManifestFormatError``.
+
+    Shard entries are read without the number bound: checking each number in Python doubles the cost
+    of parsing an entry (40 page latencies), and the pages read an entry's numbers tolerantly.
+    """
 
     def refuse_constant(name: str) -> Any:
         raise ManifestFormatError(f"{what}: {name} is not a number a manifest holds")
@@ -116,6 +121,8 @@ def strict_json(raw: bytes | str, what: str) -> Any:
         return number
 
     try:
+        if not bound_numbers:
+            return json.loads(raw, parse_constant=refuse_constant)
         return json.loads(raw, parse_constant=refuse_constant, parse_int=bounded_int, parse_float=bounded_float)
     except ManifestFormatError:
         raise
@@ -389,7 +396,7 @@ class ManifestReader:
         return wanted
 
     def _entry(self, uri: str, number: int, line: bytes) -> dict[str, Any]:
-        entry = strict_json(line, f"shard {uri}: entry {number}")
+        entry = strict_json(line, f"shard {uri}: entry {number}", bound_numbers=False)
         if not isinstance(entry, dict):
             raise ManifestFormatError(f"shard {uri}: entry {number} is not an object")
         return entry

@@ -152,14 +152,7 @@ def run_page(
         overview = store.overview(manifest, reader)
         documents = page_of_documents(reader, page=page, state=state, query=q.strip(), start=start)
     except (ManifestReadError, *READ_ERRORS) as exc:
-        return render(
-            request,
-            "not_found.html",
-            status_code=422,
-            what="manifest",
-            run_key=run_key,
-            message=f"The manifest of this run could not be read ({exc}).",
-        )
+        return _unreadable(request, run_key, exc)
     try:
         detail = build_detail(manifest.key, reader.summary, overview, airflow_base)
         drawn = _charts(detail)
@@ -167,7 +160,7 @@ def run_page(
         # The reader checks the summary's types; a shape it lets through that the page cannot draw is
         # still this run's problem, not the server's (logged whole, as it may be a bug of the page).
         log.exception("run %s: the page cannot be drawn from its summary", manifest.key)
-        return _unreadable_or_forbidden(request, run_key, access, exc)
+        return _unreadable(request, run_key, exc)
     return render(
         request,
         "run.html",
@@ -183,22 +176,20 @@ def run_page(
 
 
 def _forbidden(request: Request, run_key: str) -> HTMLResponse:
-    message = "You are not allowed to read the runs of this DAG."
+    message = f"{_NOT_YOURS}."
     return render(request, "not_found.html", status_code=403, what="forbidden", run_key=run_key, message=message)
+
+
+def _unreadable(request: Request, run_key: str, exc: Exception) -> HTMLResponse:
+    message = f"The manifest of this run could not be read ({exc})."
+    return render(request, "not_found.html", status_code=422, what="manifest", run_key=run_key, message=message)
 
 
 def _unreadable_or_forbidden(request: Request, run_key: str, access: RunAccess, exc: Exception) -> HTMLResponse:
     """A summary that cannot be read names no DAG: only those who may see runs of no DAG learn why."""
     if not access.may_read(None):
         return _forbidden(request, run_key)
-    return render(
-        request,
-        "not_found.html",
-        status_code=422,
-        what="manifest",
-        run_key=run_key,
-        message=f"The manifest of this run could not be read ({exc}).",
-    )
+    return _unreadable(request, run_key, exc)
 
 
 def _charts(detail: RunDetail) -> list[dict[str, Any]]:
