@@ -2,7 +2,8 @@
 
 A run belongs to the DAG that made it (its manifest's ``airflow_run.dag_id``); a run with none (the
 command line, or a manifest whose DAG cannot be read) belongs to no DAG. The app itself knows no
-users: served on its own every run is readable, as before. Inside Airflow the plugin passes
+users: whoever builds it says who may read what (``access``), and an app built without saying refuses
+every run. Inside Airflow the plugin passes
 ``create_app(access=...)`` a FastAPI dependency that answers from the configured auth manager
 (``olmocr_runs_plugin``), so the pages show a user exactly the runs of the DAGs Airflow lets them read.
 """
@@ -26,15 +27,21 @@ class RunAccess(Protocol):
 
 
 class Unrestricted:
-    """Every run: the app served on its own, where there are no users to tell apart."""
+    """Every run: for an app whose every user may read everything (tests, a single-user tool)."""
 
     def may_read(self, dag_id: str | None) -> bool:
         return True
 
 
-def run_access() -> RunAccess:
-    """The routes' dependency; ``create_app(access=...)`` overrides it with the deployment's rule."""
+def every_run() -> RunAccess:
+    """``create_app(access=every_run)``: every user sees every run. Must be asked for by name."""
     return Unrestricted()
+
+
+def run_access() -> RunAccess:
+    """The routes' dependency, overridden by ``create_app(access=...)``; never reached unless an app was
+    built without saying who may read what, and then it refuses (security fails closed)."""
+    raise HTTPException(403, detail="This app was built without an access rule: no run is readable")
 
 
 RunAccessDep = Annotated[RunAccess, Depends(run_access)]

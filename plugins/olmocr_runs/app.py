@@ -30,7 +30,7 @@ def create_app(
     airflow_ui_base: str | None = None,
     dependencies: Sequence[Any] | None = None,
     storage_for: Callable[[str], Storage] | None = None,
-    access: Callable[..., RunAccess] | None = None,
+    access: Callable[..., RunAccess],
 ) -> FastAPI:
     """Build the app. ``output_uri`` overrides the environment and the Airflow Variable.
 
@@ -40,7 +40,8 @@ def create_app(
     plugins are not protected by the api-server otherwise. ``storage_for`` gives the ``Storage`` that
     reads an output URI (the plugin's reads S3 through the ``aws_default`` connection, as the tasks
     do); by default the environment's AWS settings. ``access`` is a FastAPI dependency giving the
-    requesting user's ``RunAccess`` (which runs they may see); by default every run.
+    requesting user's ``RunAccess`` (which runs they may see), required: ``access.every_run`` lets every
+    user see every run.
     """
     app = FastAPI(
         dependencies=list(dependencies or []),
@@ -52,8 +53,7 @@ def create_app(
         # so it would answer without sign-in.
         openapi_url=None,
     )
-    if access is not None:
-        app.dependency_overrides[run_access] = access
+    app.dependency_overrides[run_access] = access
     app.state.location = ConfiguredLocation(output_uri, storage_for)
     app.state.airflow_ui_base = airflow_ui_base
     app.add_exception_handler(StarletteHTTPException, _http_error)

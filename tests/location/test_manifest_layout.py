@@ -412,6 +412,7 @@ def test_the_runs_page_serves_one_documents_output_reading_only_its_shard(tmp_pa
     if plugins not in sys.path:
         sys.path.insert(0, plugins)
     from olmocr_runs import create_app
+    from olmocr_runs.access import every_run
 
     output = tmp_path / "out"
     entries = [_entry(index, str(output)) for index in range(30)]
@@ -420,7 +421,7 @@ def test_the_runs_page_serves_one_documents_output_reading_only_its_shard(tmp_pa
     markdown.parent.mkdir(parents=True)
     markdown.write_text("# page twenty-five")
     storage = ReadRecordingStorage()
-    client = TestClient(create_app(str(output), storage_for=lambda uri: storage))
+    client = TestClient(create_app(str(output), storage_for=lambda uri: storage, access=every_run))
 
     response = client.get("/runs/paged/documents/25/markdown")
     assert response.status_code == 200 and response.text == "# page twenty-five"

@@ -109,8 +109,9 @@ def _runs_page(output: Path, manifest: dict[str, Any]) -> str:
         sys.path.insert(0, plugins)
     from fastapi.testclient import TestClient
     from olmocr_runs import create_app
+    from olmocr_runs.access import every_run
 
-    client = TestClient(create_app(str(output)))
+    client = TestClient(create_app(str(output), access=every_run))
     (listed,) = [run for run in client.get("/api/runs").json()["runs"] if run["run_id"] == manifest["run_id"]]
     return client.get(f"/runs/{quote(listed['key'])}").text
 

@@ -29,6 +29,7 @@ if str(PLUGINS) not in sys.path:
     sys.path.insert(0, str(PLUGINS))
 
 from olmocr_runs import charts, create_app  # noqa: E402
+from olmocr_runs.access import every_run  # noqa: E402
 from olmocr_runs.runs import task_log_href  # noqa: E402
 
 
@@ -40,7 +41,7 @@ def output(runs: RealRuns, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def client(output: Path) -> TestClient:
-    return TestClient(create_app(str(output)))
+    return TestClient(create_app(str(output), access=every_run))
 
 
 def test_list_shows_runs_newest_first_with_status_and_counts(client: TestClient, runs: RealRuns) -> None:
@@ -89,7 +90,11 @@ def test_counts_are_read_as_written_not_recomputed(output: Path, runs: RealRuns)
     data["counts"]["pages"] = 12345
     data["documents"] = []
     path.write_text(json.dumps(data))
-    run = next(r for r in TestClient(create_app(str(output))).get("/api/runs").json()["runs"] if r["key"] == CLEAN_RUN)
+    run = next(
+        r
+        for r in TestClient(create_app(str(output), access=every_run)).get("/api/runs").json()["runs"]
+        if r["key"] == CLEAN_RUN
+    )
     assert run["counts"]["pages"] == 12345 and run["counts"]["converted"] == 2
 
 
@@ -100,14 +105,15 @@ def test_budget_verdict_comes_from_the_manifest(output: Path, runs: RealRuns) ->
     verdict = data["error_budget"]
     assert (verdict["max_document_error_rate"], verdict["exceeded"]) == (0.05, True)
     assert verdict["problems"] == ["1 of 2 documents failed (50.0%), over the budget of 5.0%"]
-    client = TestClient(create_app(str(output)))
+    client = TestClient(create_app(str(output), access=every_run))
     assert client.get(f"/api/runs/{runs.key(FAILING_RUN)}").json()["error_budget"] == verdict
     assert f"Error budget exceeded: {verdict['problems'][0]}" in client.get(f"/runs/{runs.key(FAILING_RUN)}").text
     # A manifest whose verdict says "within budget" shows its failure as "some failed", whatever the counts.
     data["error_budget"] = {"max_document_error_rate": 0.5, "exceeded": False, "problems": []}
     path.write_text(json.dumps(data))
     statuses = {
-        run["run_id"]: run["status"] for run in TestClient(create_app(str(output))).get("/api/runs").json()["runs"]
+        run["run_id"]: run["status"]
+        for run in TestClient(create_app(str(output), access=every_run)).get("/api/runs").json()["runs"]
     }
     assert statuses[FAILING_RUN] == "some_failed"
 
@@ -163,7 +169,7 @@ def _rows(page: str, table_id: str) -> list[str]:
 
 
 def test_run_page_lists_every_document_with_its_outputs_and_log(runs: RealRuns) -> None:
-    client = TestClient(create_app(str(runs.output)))
+    client = TestClient(create_app(str(runs.output), access=every_run))
     manifest = runs.manifest(runs.airflow_manifest_run_id)
     key = runs.key(runs.airflow_manifest_run_id)
     rows = _rows(client.get(f"/runs/{key}").text, "documents")
@@ -201,7 +207,7 @@ def test_output_links_serve_only_what_the_manifest_names_below_the_output(tmp_pa
     outputs[0]["dolma"] = str(runs.clean_input / "annual-report.pdf")
     outputs[1]["markdown"] = f"{copy}/../clean-inbox/memo.pdf"
     path.write_text(json.dumps(data))
-    client = TestClient(create_app(str(copy)))
+    client = TestClient(create_app(str(copy), access=every_run))
     assert client.get(f"/runs/{key}/documents/0/markdown").status_code == 200
     assert client.get(f"/runs/{key}/documents/0/dolma").status_code == 403
     assert client.get(f"/runs/{key}/documents/1/markdown").status_code == 403
@@ -294,14 +300,14 @@ def test_manifest_of_unknown_shape_still_lists(output: Path) -> None:
     (output / "manifests" / "future.json").write_text(
         json.dumps({"schema_version": 9, "run_id": "future-run", "finished_at": "2030-01-01T00:00:00Z", "new": 1})
     )
-    client = TestClient(create_app(str(output)))
+    client = TestClient(create_app(str(output), access=every_run))
     runs = client.get("/api/runs").json()["runs"]
     assert runs[0]["run_id"] == "future-run"
     assert client.get("/runs/future").status_code == 200
 
 
 def test_pagination(output: Path) -> None:
-    client = TestClient(create_app(str(output)))
+    client = TestClient(create_app(str(output), access=every_run))
     first = client.get("/", params={"per_page": 2}).text
     second = client.get("/", params={"per_page": 2, "page": 2}).text
     assert "page 1 of 2" in first and DEAD_LETTER_RUN in first and CLEAN_RUN not in first
@@ -310,26 +316,26 @@ def test_pagination(output: Path) -> None:
 
 def test_output_location_from_environment(output: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OLMOCR_OUTPUT_URI", str(output))
-    assert TestClient(create_app()).get("/api/runs").json()["total"] == 4
+    assert TestClient(create_app(access=every_run)).get("/api/runs").json()["total"] == 4
 
 
 def test_output_location_from_airflow_variable(output: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # AIRFLOW_VAR_* is the environment form of an Airflow Variable; the api-server also reads the DB.
     monkeypatch.delenv("OLMOCR_OUTPUT_URI", raising=False)
     monkeypatch.setenv("AIRFLOW_VAR_OLMOCR_OUTPUT_URI", str(output))
-    assert TestClient(create_app()).get("/api/runs").json()["total"] == 4
+    assert TestClient(create_app(access=every_run)).get("/api/runs").json()["total"] == 4
 
 
 def test_unconfigured_location_explains(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OLMOCR_OUTPUT_URI", raising=False)
     monkeypatch.delenv("AIRFLOW_VAR_OLMOCR_OUTPUT_URI", raising=False)
-    client = TestClient(create_app())
+    client = TestClient(create_app(access=every_run))
     assert "OLMOCR_OUTPUT_URI" in client.get("/").text
     assert client.get("/api/runs").status_code == 503
 
 
 def test_empty_location(tmp_path: Path) -> None:
-    client = TestClient(create_app(str(tmp_path)))
+    client = TestClient(create_app(str(tmp_path), access=every_run))
     assert "No runs yet" in client.get("/").text
 
 
@@ -362,14 +368,14 @@ def test_mounted_under_prefix_links_to_airflow_ui(output: Path, runs: RealRuns) 
     from fastapi import FastAPI
 
     root = FastAPI()
-    root.mount("/olmocr", create_app(str(output)))
+    root.mount("/olmocr", create_app(str(output), access=every_run))
     page = TestClient(root).get(f"/olmocr/runs/{runs.key(runs.airflow_manifest_run_id)}").text
     assert 'href="/olmocr/"' in page
     assert f'href="/dags/{DAG_ID}/runs/' in page
 
 
 def test_s3_listing(s3_manifests: str, runs: RealRuns) -> None:
-    client = TestClient(create_app(s3_manifests))
+    client = TestClient(create_app(s3_manifests, access=every_run))
     body = client.get("/api/runs").json()
     assert [run["run_id"] for run in body["runs"]] == [
         DEAD_LETTER_RUN,

@@ -20,6 +20,7 @@ from tests.fixtures.ocr_runs import CLEAN_RUN, DEAD_LETTER_RUN, XSS, RealRuns, c
 
 # tests.fixtures.ocr_runs has put plugins/ on sys.path.
 from olmocr_runs import create_app  # isort: skip
+from olmocr_runs.access import every_run  # isort: skip
 
 pytestmark = pytest.mark.browser
 
@@ -29,7 +30,7 @@ def site(tmp_path_factory: pytest.TempPathFactory, runs: RealRuns) -> Iterator[s
     """The app over the real runs' manifests, served by uvicorn on a free loopback port in a thread."""
     output = tmp_path_factory.mktemp("ocr-output")
     copy_output(runs, output)
-    with served(create_app(str(output))) as url:
+    with served(create_app(str(output), access=every_run)) as url:
         yield url
 
 

@@ -24,6 +24,7 @@ from tests.fixtures.manifests import manifest_header
 from tests.fixtures.ocr_runs import PLUGINS  # noqa: F401  (puts plugins/ on sys.path)
 
 from olmocr_runs import create_app  # isort: skip
+from olmocr_runs.access import every_run  # isort: skip
 
 RUN = "tampered"
 MIB = 1024 * 1024
@@ -132,7 +133,7 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], str]] = {
 def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TestClient:
     monkeypatch.setenv("OLMOCR_MAX_SHARD_BYTES", str(MIB))
     monkeypatch.setenv("OLMOCR_MAX_SUMMARY_BYTES", str(64 * 1024))
-    return TestClient(create_app(str(tmp_path / "out")), raise_server_exceptions=False)
+    return TestClient(create_app(str(tmp_path / "out"), access=every_run), raise_server_exceptions=False)
 
 
 def test_an_intact_run_is_served_on_every_route(tmp_path: Path, client: TestClient) -> None:

@@ -31,6 +31,7 @@ if str(REPO / "plugins") not in sys.path:
     sys.path.insert(0, str(REPO / "plugins"))
 
 from olmocr_runs import create_app  # noqa: E402
+from olmocr_runs.access import every_run  # noqa: E402
 from olmocr_runs.paging import PAGE_SIZE, SCAN_BUDGET  # noqa: E402
 
 DOCUMENTS = 100_000
@@ -112,7 +113,7 @@ class CountingStorage(Storage):
 @pytest.fixture
 def counted(archive: Path) -> tuple[TestClient, CountingStorage]:
     storage = CountingStorage()
-    return TestClient(create_app(str(archive), storage_for=lambda uri: storage)), storage
+    return TestClient(create_app(str(archive), storage_for=lambda uri: storage, access=every_run)), storage
 
 
 def _shards(archive: Path) -> list[str]:
@@ -268,7 +269,7 @@ def test_run_page_server_time_is_measured(archive: Path, counted: Any) -> None:
 
 @pytest.fixture(scope="module")
 def site(archive: Path) -> Iterator[str]:
-    with served(create_app(str(archive))) as url:
+    with served(create_app(str(archive), access=every_run)) as url:
         yield url
 
 
