@@ -335,6 +335,7 @@ class RenderPool:
                         break
                     job = self._jobs.popleft() if self._jobs else None
                     drops, slot.drops = slot.drops, set()
+                outcome: _Outcome | None = None
                 if job is None or job.future.cancelled():
                     # Nobody waits for an answer: only let the worker forget released documents.
                     if slot.process is not None:
@@ -342,19 +343,24 @@ class RenderPool:
                             slot, "noop", (), drops, _RELEASE_TIMEOUT_S, "releasing documents", _decode_nothing
                         )
                 else:
-                    self._settle(
-                        job, self._exchange(slot, job.kind, job.args, drops, job.timeout, job.label, job.decode)
-                    )
-                if slot.retire and slot.process is not None and not self._closing:
+                    outcome = self._exchange(slot, job.kind, job.args, drops, job.timeout, job.label, job.decode)
+                retiring = slot.retire and slot.process is not None
+                replacing = slot.process is None
+                # Counted before the answer is delivered, so a caller that has it sees the count too.
+                with self._cond:
+                    if not self._closing:
+                        self.retirements += int(retiring)
+                        self.replacements += int(replacing)
+                if job is not None and outcome is not None:
+                    self._settle(job, outcome)
+                if self._closing:
+                    continue
+                # The caller already has its answer; the replacement starts warm for the next one.
+                if retiring:
                     slot.retire = False
                     self._stop_process(slot)
-                    with self._cond:
-                        self.retirements += 1
                     self._spawn(slot)
-                elif slot.process is None and not self._closing:
-                    # The caller already has its answer; the replacement starts warm for the next one.
-                    with self._cond:
-                        self.replacements += 1
+                elif replacing:
                     self._spawn(slot)
         except BaseException as exc:  # never let a driver thread die silently with callers waiting
             slot.start_error = slot.start_error or f"render worker thread failed: {exc!r}"
