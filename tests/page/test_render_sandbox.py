@@ -161,3 +161,20 @@ def test_page_cap_is_typed_and_checked_before_rendering(tmp_path: Path) -> None:
     assert pages == DocumentLimits.max_pages == 2000  # olmOCR-style: a few thousand pages at most
     assert error.error_class == "too_many_pages" and isinstance(error, TooLargeError)
     assert f"{DocumentLimits.max_pages + 1} pages" in str(error)
+
+
+def test_a_deployment_sets_the_page_cap_and_render_memory_from_its_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from olmocr_tasks.provider import environment
+
+    for name in ("OLMOCR_MAX_DOCUMENT_PAGES", "OLMOCR_RENDER_MEMORY_BYTES"):
+        monkeypatch.delenv(name, raising=False)
+    assert environment.document_limits() == DocumentLimits()
+    monkeypatch.setenv("OLMOCR_MAX_DOCUMENT_PAGES", "300")
+    monkeypatch.setenv("OLMOCR_RENDER_MEMORY_BYTES", str(SMALL_MEMORY))
+    limits = environment.document_limits()
+    assert (limits.max_pages, limits.render_memory_bytes) == (300, SMALL_MEMORY)
+    monkeypatch.setenv("OLMOCR_RENDER_MEMORY_BYTES", "0")
+    with pytest.raises(ConfigurationError, match="OLMOCR_RENDER_MEMORY_BYTES"):
+        environment.document_limits()
