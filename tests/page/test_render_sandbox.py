@@ -178,3 +178,11 @@ def test_a_deployment_sets_the_page_cap_and_render_memory_from_its_environment(
     monkeypatch.setenv("OLMOCR_RENDER_MEMORY_BYTES", "0")
     with pytest.raises(ConfigurationError, match="OLMOCR_RENDER_MEMORY_BYTES"):
         environment.document_limits()
+
+
+def test_a_memory_limit_below_a_resting_worker_is_refused_at_start_with_the_setting_named() -> None:
+    pool = RenderPool(workers=1, limits=DocumentLimits(render_memory_bytes=16 * 1024 * 1024))
+    with pytest.raises(RenderError, match="render_memory_bytes") as caught:
+        pool.start()
+    assert "refused to start" in str(caught.value)
+    assert pool.worker_pids() == []
