@@ -55,6 +55,12 @@ test-compose: prerequisites $(STAMP)
 	@scripts/system-packages.sh chromium docker.io mmdebstrap
 	flock /tmp/olmocr-compose.lock $(BIN)/python -m pytest tests/compose -m compose -p no:xdist $(PYTEST_ARGS)
 
+# docker/.env for docker/compose.yaml: a fresh secret for every change-me value of docker/.env.example,
+# keeping the values already set (the stack's init refuses placeholders). Standard library only.
+.PHONY: docker-env
+docker-env:
+	$(PYTHON) scripts/docker-env.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# One-shot setup run by the airflow-init service before the other Airflow components start:
-# database schema, the admin user, and the pools that bound convert tasks per vLLM deployment.
+# One-shot setup run by the airflow-init service before the other Airflow components start: the
+# secrets checked, database schema, the admin user, and the pools that bound convert tasks per vLLM
+# deployment. Nothing else starts unless it succeeds (compose.yaml: service_completed_successfully).
 # Connections need no setup: they come from the AIRFLOW_CONN_* variables in compose.yaml.
 # Safe to run again: every step is idempotent.
 set -euo pipefail
+
+# Placeholders from docker/.env.example, empty or short secrets: refused before anything uses them.
+sh "$(dirname "$0")/check-secrets.sh" \
+    AIRFLOW_JWT_SECRET:32 AIRFLOW_API_SECRET_KEY:32 AIRFLOW_FERNET_KEY:fernet AIRFLOW_ADMIN_PASSWORD:12 \
+    POSTGRES_PASSWORD:16 REDIS_PASSWORD:16 OLMOCR_S3_SECRET_ACCESS_KEY:16
 
 echo "olmocr-airflow init: migrating the metadata database"
 airflow db migrate
@@ -11,10 +17,12 @@ airflow db migrate
 username="${AIRFLOW_ADMIN_USERNAME:-admin}"
 # FAB's "users create" leaves an existing user untouched ("already exist in the db").
 echo "olmocr-airflow init: admin user '${username}'"
-# "--option=value": a value that starts with "-" (a random password may) is not read as an option.
-airflow users create \
+# "--option=value": a value that starts with "-" is not read as an option. The password is not an
+# option at all (any user of the host could read it in ps): without --password the command asks for
+# it twice, and with no terminal reads both answers from standard input (printf is a shell builtin).
+printf '%s\n%s\n' "${AIRFLOW_ADMIN_PASSWORD:?AIRFLOW_ADMIN_PASSWORD is not set}" "${AIRFLOW_ADMIN_PASSWORD}" |
+    airflow users create \
     --username="${username}" \
-    --password="${AIRFLOW_ADMIN_PASSWORD:?AIRFLOW_ADMIN_PASSWORD is not set}" \
     --firstname Admin \
     --lastname User \
     --role Admin \

@@ -197,7 +197,9 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         help="keep --max-concurrent-requests in flight instead of adapting to vLLM's /metrics queue",
     )
     parser.add_argument("--render-workers", type=_positive_int, help="PDFium worker processes (default: per core)")
-    limits = parser.add_argument_group("document limits (hostile or oversized inputs fail as too_large)")
+    limits = parser.add_argument_group(
+        "document limits (hostile or oversized inputs fail as too_large or too_many_pages)"
+    )
     limits.add_argument(
         "--max-document-bytes",
         type=_positive_int,
@@ -210,7 +212,7 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         type=_positive_int,
         default=DocumentLimits.max_pages,
         metavar="N",
-        help="most pages accepted",
+        help="most pages accepted (more fail as too_many_pages before any rendering)",
     )
     limits.add_argument(
         "--max-render-pixels",
@@ -225,6 +227,13 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         default=DocumentLimits.render_timeout_s,
         metavar="SECONDS",
         help="seconds one page may take to render before its renderer is killed and the page falls back",
+    )
+    limits.add_argument(
+        "--render-memory-bytes",
+        type=_positive_int,
+        default=DocumentLimits.render_memory_bytes,
+        metavar="N",
+        help="address space of one render worker; a page that needs more fails its document as too_large",
     )
     parser.set_defaults(func=_convert)
 
@@ -267,6 +276,7 @@ def _convert(args: argparse.Namespace) -> int:
             max_pages=args.max_document_pages,
             max_render_pixels=args.max_render_pixels,
             render_timeout_s=args.render_timeout,
+            render_memory_bytes=args.render_memory_bytes,
         ),
         max_page_error_rate=args.max_page_error_rate,
         write_markdown=not args.no_markdown,

@@ -174,10 +174,28 @@ class DocumentLimits:
     """Guards that turn hostile or oversized inputs into typed failures instead of crashes."""
 
     max_bytes: int = 512 * 1024 * 1024
-    max_pages: int = 5000
+    # olmOCR-style page cap, checked when a document is opened (before any page is rendered): a few
+    # hundred KB of PDF can hold thousands of pages, each sent up to max_page_retries times.
+    max_pages: int = 2000
     # Renders larger than this many pixels are scaled down (enormous page boxes).
     max_render_pixels: int = 1288 * 1288 * 4
     render_timeout_s: float = 120.0
+    # Address space of one render worker (RLIMIT_AS): a page whose render needs more (a content stream
+    # or image that decompresses to gigabytes) fails its document as too_large instead of exhausting
+    # the host. A worker needs ~100 MiB of its own plus ~60 MiB per page at the largest render.
+    render_memory_bytes: int = 2 * 1024 * 1024 * 1024
+    # CPU seconds one render worker may use in its lifetime (the hard RLIMIT_CPU); the pool replaces a
+    # worker before it gets there, so only a worker that escapes its per-request limit ever meets it.
+    render_worker_cpu_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.render_worker_cpu_s < 2 * self.render_timeout_s:
+            # The pool retires a worker once one more request could reach the limit: a lifetime
+            # shorter than two requests would retire one after every page.
+            raise ConfigurationError(
+                f"render_worker_cpu_s ({self.render_worker_cpu_s:g}) must be at least twice render_timeout_s "
+                f"({self.render_timeout_s:g})"
+            )
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,15 @@ class CorruptPdfError(DocumentError):
 
 
 class TooLargeError(DocumentError):
+    """Over a byte limit, or a page whose render needs more memory than a render worker may use."""
+
     error_class = "too_large"
+
+
+class TooManyPagesError(TooLargeError):
+    """More pages than the per-document page cap: refused before any page is rendered."""
+
+    error_class = "too_many_pages"
 
 
 class ErrorRateExceededError(DocumentError):
@@ -69,13 +77,14 @@ class AttemptFailed(OlmocrTasksError):
         self.reason = reason
 
 
-RenderErrorReason = Literal["timeout", "crashed", "failed"]
+RenderErrorReason = Literal["timeout", "crashed", "failed", "protocol"]
 
 
 class RenderError(OlmocrTasksError):
     """A page could not be rendered or read: the worker timed out, crashed or reported a failure.
 
-    ``reason`` is "timeout", "crashed" or "failed". The pool has already replaced a killed worker; the
+    ``reason`` is "timeout", "crashed", "failed" or "protocol" (the worker answered something that is not
+    a well-formed reply, so it is no longer trusted). The pool has already replaced a killed worker; the
     caller decides whether the page is retried or falls back. Raised by rendering, handled by the page
     retry ladder and the conversion.
     """
@@ -111,6 +120,7 @@ DOCUMENT_ERROR_CLASSES: tuple[type[DocumentError], ...] = (
     EncryptedPdfError,
     CorruptPdfError,
     TooLargeError,
+    TooManyPagesError,
     ErrorRateExceededError,
     UnreadableSourceError,
 )

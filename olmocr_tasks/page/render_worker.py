@@ -5,29 +5,33 @@ process that ``render_pool.RenderPool`` starts, feeds and replaces (the parent s
 imports pypdfium2: the helpers here import it lazily, so the pool can import this module for
 ``PdfInfo`` and the worker's entry point.
 
-The pipe protocol: the pool sends ``(kind, args, drops)`` (``drops``: documents to forget first); the
-worker answers ``("ok", value)``, ``("document_error", class name, message)`` or ``("render_error",
-reason, message)``; it greets with ``("ready", pid)`` and stops on kind ``"stop"`` or EOF.
+The worker is also a sandbox (``sandbox``): it starts with no credentials in its environment (the pool
+passes an allow-list), caps its own address space (``DocumentLimits.render_memory_bytes``) and CPU time
+(``render_worker_cpu_s`` for its life, ``render_timeout_s`` per request), and answers in
+``render_wire``'s format, which carries JSON and raw bytes and nothing the pool would execute. A request
+that runs out of memory in Python is answered as ``too_large`` and the worker asks to be retired; one
+that runs out inside PDFium ends the worker (PDFium aborts), which the pool reports the same way.
 
 Image semantics follow olmOCR 0.4.x: the page is rendered so that its longest side is
 ``target_longest_image_dim`` pixels, honouring the page's ``/Rotate``; a ``rotation`` R is applied like
-olmOCR's ``rotation_correction`` (PIL ``Transpose.ROTATE_R``, counter-clockwise) and the PNG is
-returned as standard base64.
+olmOCR's ``rotation_correction`` (PIL ``Transpose.ROTATE_R``, counter-clockwise); the PNG goes back as
+raw bytes and the pool hands callers its standard base64.
 """
 
 from __future__ import annotations
 
-import base64
 import collections
+import dataclasses
 import io
 import json
 import math
 import os
+import resource
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from olmocr_tasks.core.config import DocumentLimits
@@ -38,8 +42,10 @@ from olmocr_tasks.core.errors import (
     EncryptedPdfError,
     NotPdfError,
     TooLargeError,
+    TooManyPagesError,
     UnreadableSourceError,
 )
+from olmocr_tasks.page.render_wire import MAX_TEXT_BYTES, read_message, write_message
 
 if TYPE_CHECKING:
     import pypdfium2
@@ -135,7 +141,7 @@ def open_document_sync(path: str, limits: DocumentLimits = DocumentLimits()) -> 
         raise EmptyDocumentError("PDF has no pages")
     if pages > limits.max_pages:
         pdf.close()
-        raise TooLargeError(f"PDF has {pages} pages, the limit is {limits.max_pages}")
+        raise TooManyPagesError(f"PDF has {pages} pages, the limit is {limits.max_pages}")
     return pdf
 
 
@@ -278,13 +284,14 @@ class PageRequests:
             self.drop(path)
 
     def handle(self, kind: str, args: tuple[Any, ...]) -> Any:
+        """The answer to one request: bytes or str travel as the reply's payload, anything else (JSON
+        values, a ``PdfInfo``) in its header."""
         if kind == "inspect":
             return self.document(args[0])[1]
         if kind == "render":
             path, page_index, target, rotation, level = args
             pdf, _ = self.document(path)
-            png = render_page_png_sync(pdf, page_index, target, level, rotation, self.limits.max_render_pixels)
-            return base64.b64encode(png)
+            return render_page_png_sync(pdf, page_index, target, level, rotation, self.limits.max_render_pixels)
         if kind == "text":
             path, page_index = args
             return page_text_sync(self.document(path)[0], page_index)
@@ -312,6 +319,60 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def sandbox(limits: DocumentLimits) -> None:
+    """Cap this process: its address space, its lifetime CPU, and no core files.
+
+    Called once everything the worker needs is imported, so the limits bound the work on documents.
+    RLIMIT_AS rather than RLIMIT_DATA: PDFium's large buffers come from mmap as well as the heap, and
+    this PDFium build reserves no large address ranges up front (the worker sits at ~100 MiB). No core
+    files: a worker ended by its memory or CPU limit would otherwise write one the size of its memory.
+    """
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    at_rest = _address_space_bytes()
+    if at_rest is not None and at_rest >= limits.render_memory_bytes:
+        raise SandboxError(
+            f"render_memory_bytes ({limits.render_memory_bytes:,}) is below what a render worker takes "
+            f"before any document ({at_rest:,} bytes)"
+        )
+    resource.setrlimit(resource.RLIMIT_AS, (limits.render_memory_bytes, limits.render_memory_bytes))
+    lifetime = math.ceil(limits.render_worker_cpu_s)
+    resource.setrlimit(resource.RLIMIT_CPU, (lifetime, lifetime))
+
+
+class SandboxError(Exception):
+    """The worker cannot put its limits in place; it tells the pool why instead of starting."""
+
+
+def arm_cpu_limit(budget_s: float) -> float:
+    """Let the next request use at most ``budget_s`` more CPU seconds (SIGXCPU ends the worker then);
+    returns the CPU seconds used so far.
+
+    The soft limit moves with each request because the worker is long-lived: a fixed soft limit would
+    end a healthy worker after enough pages. The hard limit (its lifetime, ``sandbox``) never moves, so
+    a worker that raises its own soft limit still meets it; the pool retires workers before that.
+    """
+    used = cpu_seconds()
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = math.ceil(used + budget_s)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+    return used
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _address_space_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def worker_main(
     fd: int,
     limits_json: str,
@@ -319,7 +380,7 @@ def worker_main(
     nice: int = 0,
     requests: Callable[[DocumentLimits], PageRequests] = PageRequests,
 ) -> None:
-    """Entry point of a worker process: answer requests on the inherited connection until EOF."""
+    """Entry point of a worker process: answer requests on the inherited socket until EOF."""
     # Ctrl-C reaches the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if nice > 0:
@@ -327,32 +388,61 @@ def worker_main(
         os.nice(nice)
     if parent_pid:
         _die_with_parent(parent_pid)
-    conn = Connection(fd)
+    conn = socket.socket(fileno=fd)
     limits = DocumentLimits(**json.loads(limits_json))
     # Loaded before announcing readiness: a broken installation fails the start, not the first page,
     # and the first page does not pay for the imports.
     import pypdfium2  # noqa: F401
     from PIL import Image, PngImagePlugin  # noqa: F401
 
+    try:
+        sandbox(limits)
+    except (SandboxError, OSError, ValueError) as exc:
+        write_message(conn, {"status": "refused", "message": str(exc)})
+        conn.close()
+        return
     state = requests(limits)
-    conn.send(("ready", os.getpid()))
+    write_message(conn, {"status": "ready", "pid": os.getpid()})
     try:
         while True:
             try:
-                kind, args, drops = conn.recv()
+                request, _ = read_message(conn, max_payload=0)
             except (EOFError, OSError):
                 break  # the parent went away
+            kind, args, drops = request["kind"], tuple(request["args"]), request["drops"]
             for path in drops:
                 state.drop(path)
             if kind == "stop":
                 break
-            try:
-                reply: tuple[Any, ...] = ("ok", state.handle(kind, args))
-            except DocumentError as exc:
-                reply = ("document_error", type(exc).__name__, str(exc))
-            except Exception as exc:
-                reply = ("render_error", "failed", f"{type(exc).__name__}: {exc}")
-            conn.send(reply)
+            arm_cpu_limit(limits.render_timeout_s)
+            header, payload = _answer(state, kind, args)
+            header["cpu_s"] = round(cpu_seconds(), 3)
+            write_message(conn, header, payload)
     finally:
         state.close()
         conn.close()
+
+
+def _answer(state: PageRequests, kind: str, args: tuple[Any, ...]) -> tuple[dict[str, Any], bytes]:
+    try:
+        value = state.handle(kind, args)
+    except DocumentError as exc:
+        return {"status": "document_error", "error": type(exc).__name__, "message": str(exc)}, b""
+    except MemoryError:
+        # Python (or Pillow) could not allocate within the address-space limit. The worker may hold
+        # half-built state now, so it asks to be replaced once this answer is delivered.
+        message = f"needs more memory than a render worker may use ({state.limits.render_memory_bytes:,} bytes)"
+        return {"status": "document_error", "error": TooLargeError.__name__, "message": message, "retire": True}, b""
+    except Exception as exc:
+        return {"status": "render_error", "reason": "failed", "message": f"{type(exc).__name__}: {exc}"}, b""
+    if isinstance(value, bytes):
+        return {"status": "ok", "value": None, "payload": "bytes"}, value
+    if isinstance(value, str):
+        text = value.encode("utf-8", "replace")
+        if len(text) > MAX_TEXT_BYTES:
+            message = f"a text layer of {len(text):,} bytes is over the limit of {MAX_TEXT_BYTES:,}"
+            return {"status": "document_error", "error": TooLargeError.__name__, "message": message}, b""
+        return {"status": "ok", "value": None, "payload": "text"}, text
+    if isinstance(value, PdfInfo):
+        return {"status": "ok", "value": dataclasses.asdict(value)}, b""
+    return {"status": "ok", "value": value}, b""

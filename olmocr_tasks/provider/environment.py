@@ -16,7 +16,7 @@ import math
 import os
 from datetime import timedelta
 
-from olmocr_tasks.core.config import positive_number
+from olmocr_tasks.core.config import DocumentLimits, positive_number
 from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.inference.priority import LOW, RENDER_NICE
 from olmocr_tasks.run.batching import DEFAULT_BYTES_PER_PAGE, DEFAULT_PARALLEL, LOW_CLASS_MIN_WAVES
@@ -102,6 +102,22 @@ def low_priority_nice() -> int:
     if not 0 <= value <= 19:
         raise ConfigurationError(f"OLMOCR_LOW_PRIORITY_NICE must be within 0..19, not {value}")
     return value
+
+
+def document_limits() -> DocumentLimits:
+    """``OLMOCR_MAX_DOCUMENT_PAGES`` and ``OLMOCR_RENDER_MEMORY_BYTES``: the page cap (a document over it
+    fails ``too_many_pages`` before any rendering) and the address space of one render worker (a page
+    that needs more fails its document ``too_large``); the other limits keep their defaults."""
+    return DocumentLimits(
+        max_pages=positive_number(
+            "OLMOCR_MAX_DOCUMENT_PAGES", _env_int("OLMOCR_MAX_DOCUMENT_PAGES", DocumentLimits.max_pages), int
+        ),
+        render_memory_bytes=positive_number(
+            "OLMOCR_RENDER_MEMORY_BYTES",
+            _env_int("OLMOCR_RENDER_MEMORY_BYTES", DocumentLimits.render_memory_bytes),
+            int,
+        ),
+    )
 
 
 def _env_int(name: str, default: int) -> int:

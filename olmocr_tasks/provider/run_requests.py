@@ -110,6 +110,7 @@ def build_request(
         max_page_error_rate=float(params.get("max_page_error_rate", ConversionSettings.max_page_error_rate)),
         gpu_hour_price=hook.gpu_hour_price(),
         render_nice=render_nice(priority_class),
+        limits=environment.document_limits(),
     )
     return RunRequest(
         input_uri=input_uri,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import re
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,6 +228,49 @@ def huge_page_pdf(doc_id: int = 1, side: float = 14400.0) -> bytes:
 def many_pages_pdf(n: int = 400, doc_id: int = 1) -> bytes:
     """A long document; each page still has its own marker and text line."""
     return text_pdf(n, doc_id)
+
+
+def memory_bomb_pdf(decoded_mib: int = 1024) -> bytes:
+    """One page of a few kilobytes whose content stream (Flate applied twice) decompresses to
+    ``decoded_mib`` MiB of spaces, which PDFium holds whole to parse the page: a decompression bomb
+    that needs that much memory (and up to twice as much while the buffer grows) to render the page
+    or read its text.
+
+    Built without compressing a gigabyte: after the first MiB, deflate codes each further MiB of
+    spaces identically (the window holds only spaces), so the inner stream is that block repeated,
+    with the Adler-32 of ``n`` spaces worked out in closed form.
+    """
+    block = b" " * (1024 * 1024)
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)  # raw deflate; the zlib framing is added below
+    first = deflate.compress(block) + deflate.flush(zlib.Z_SYNC_FLUSH)
+    repeat = deflate.compress(block) + deflate.flush(zlib.Z_SYNC_FLUSH)
+    end = deflate.flush()
+    length = decoded_mib * len(block)
+    low = (1 + ord(" ") * length) % 65521
+    high = (length + ord(" ") * length * (length + 1) // 2) % 65521
+    inner = b"\x78\xda" + first + repeat * (decoded_mib - 1) + end + ((high << 16) | low).to_bytes(4, "big")
+    stream = zlib.compress(inner, 9)
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>",
+        b"<< /Length %d /Filter [/FlateDecode /FlateDecode] >>\nstream\n" % len(stream) + stream + b"\nendstream",
+    ]
+    return assemble_pdf(objects)
+
+
+def shared_page_pdf(pages: int) -> bytes:
+    """``pages`` blank pages sharing one content stream: a page count of any size in a few bytes a page
+    (the ``many_pages_pdf`` of thousands of pages takes seconds to build)."""
+    content = b"0 0 m 10 10 l S"
+    kids = b" ".join(b"%d 0 R" % (4 + index) for index in range(pages))
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, pages),
+        b"<< /Length %d >>\nstream\n" % len(content) + content + b"\nendstream",
+    ]
+    objects += [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 3 0 R >>"] * pages
+    return assemble_pdf(objects)
 
 
 def malformed_objects_pdf(kind: str = "bad_xref", doc_id: int = 1) -> bytes:

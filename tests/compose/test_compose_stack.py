@@ -12,7 +12,9 @@ check fails the build or ``up --wait``, and so the tier.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +43,7 @@ from tests.fixtures.browser import launched_chromium
 pytestmark = [pytest.mark.compose, pytest.mark.browser, pytest.mark.timeout(3600)]
 
 DAG = "olmocr_ingest"
-ONE_SHOT = {"airflow-init", "s3-init"}
+ONE_SHOT = {"airflow-init", "s3-users", "s3-init"}
 # Services running the images docker/Dockerfile builds (the others are the tier's stand-ins).
 OUR_IMAGES = {
     "airflow-init",
@@ -216,3 +218,33 @@ def test_the_api_refuses_a_wrong_password(stack: Stack) -> None:
     response = httpx.post(f"{stack.api_url}/auth/token", json={"username": "admin", "password": "wrong"}, timeout=60)
 
     assert response.status_code in (400, 401, 403), response.text
+
+
+def test_redis_answers_no_one_without_its_password(stack: Stack) -> None:
+    with socket.create_connection(("127.0.0.1", int(stack.variables["REDIS_PORT"])), timeout=30) as redis:
+        redis.sendall(b"PING\r\n")
+        answer = redis.recv(256)
+    assert answer.startswith(b"-NOAUTH"), answer
+
+
+def test_airflow_holds_the_buckets_account_and_no_secret_is_on_a_command_line(stack: Stack) -> None:
+    """MinIO's root password reaches only MinIO and s3-users; no process of the stack shows a secret in
+    its command line (ps shows command lines to every user of the host)."""
+    root_password = stack.variables["MINIO_ROOT_PASSWORD"]
+    containers = {c["Config"]["Labels"]["com.docker.compose.service"]: c for c in stack.containers()}
+    holders = {name for name, c in containers.items() if any(root_password in env for env in c["Config"]["Env"])}
+    assert holders == {"minio", "s3-users"}, holders
+    worker_env = dict(entry.split("=", 1) for entry in containers["airflow-worker"]["Config"]["Env"])
+    assert worker_env["AWS_ACCESS_KEY_ID"] == stack.variables["OLMOCR_S3_ACCESS_KEY_ID"]
+    assert worker_env["AWS_ACCESS_KEY_ID"] != stack.variables["MINIO_ROOT_USER"]
+    secret_names = ("PASSWORD", "SECRET", "SECRET_KEY", "SECRET_ACCESS_KEY", "FERNET_KEY")
+    secrets = [value for key, value in stack.variables.items() if key.endswith(secret_names)]
+    assert len(secrets) == 8, sorted(key for key in stack.variables if key.endswith(secret_names))
+    shown = set()
+    for name in LONG_RUNNING:
+        root = psutil.Process(containers[name]["State"]["Pid"])
+        for process in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                command_line = " ".join(process.cmdline())
+                shown |= {(name, process.pid) for secret in secrets if secret in command_line}
+    assert not shown, f"a secret is on the command line of {sorted(shown)}"

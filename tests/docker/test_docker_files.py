@@ -228,9 +228,10 @@ def test_connections_resolve_to_valid_json(services, env_example):
     aws = json.loads(environment["AIRFLOW_CONN_AWS_DEFAULT"])
     assert aws["conn_type"] == "aws"
     assert aws["extra"]["endpoint_url"] == "http://minio:9000"
-    assert environment["AIRFLOW__CELERY__BROKER_URL"] == "redis://:@redis:6379/0"
+    assert environment["AIRFLOW__CELERY__BROKER_URL"] == f"redis://:{env_example['REDIS_PASSWORD']}@redis:6379/0"
     assert environment["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://")
-    assert aws["login"] == env_example["MINIO_ROOT_USER"]
+    # The bucket's own account, not MinIO's root (tests/docker/test_secrets.py).
+    assert aws["login"] == env_example["OLMOCR_S3_ACCESS_KEY_ID"] != env_example["MINIO_ROOT_USER"]
     for key in ("OLMOCR_INPUT_URI", "OLMOCR_OUTPUT_URI", "OLMOCR_SQS_QUEUE_URL"):
         assert key in environment
     assert environment["OLMOCR_INPUT_URI"].startswith("s3://")

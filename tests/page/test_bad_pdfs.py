@@ -4,7 +4,8 @@ process survives, and memory stays bounded whatever the page count.
 The mixed corpus of ``olmocr_tasks.testing.pdfgen`` (encrypted, owner-password-only, truncated, empty, zero pages, not a
 PDF, broken page tree) is run again here as a separate process with its memory sampled, together with
 the inputs that only matter at this level: a repairable xref, an enormous page, a sliver page, a page
-that takes far longer to render than allowed, and documents over the byte and page limits.
+that takes far longer to render than allowed, a page whose render needs more memory than a render
+worker may have, and documents over the byte and page limits.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ MAX_PAGES = 50
 MAX_PIXELS = 1_000_000
 RENDER_TIMEOUT_S = 2.0
 SLOW_PAGES = 4
+# A render worker's address space here; the memory bomb needs a gigabyte.
+RENDER_MEMORY = 256 * 1024 * 1024
 RENDER_WORKERS = 2
 # Generous absolute bounds: the converting process holds a few pages at a time, a worker one document.
 PARENT_RSS_LIMIT = 400 * 1024 * 1024
@@ -75,8 +78,10 @@ def extra_inputs() -> dict[str, tuple[bytes, str | None, int | None]]:
         "sliver_page.pdf": (pdfgen.text_pdf(1, doc_id=33, page_size=(14400, 2)), None, None),
         # Its later pages cannot render in time: the first to fall back fails the error-rate guard.
         "slow_render.pdf": (with_slow_pages(34, SLOW_PAGES), "error_rate_exceeded", 34),
-        "too_many_pages.pdf": (pdfgen.many_pages_pdf(MAX_PAGES + 10, doc_id=35), "too_large", None),
+        "too_many_pages.pdf": (pdfgen.many_pages_pdf(MAX_PAGES + 10, doc_id=35), "too_many_pages", None),
         "too_many_bytes.pdf": (padded_pdf(36, MAX_BYTES + 1000), "too_large", None),
+        # A few KB on disk; its one page decompresses to a gigabyte.
+        "memory_bomb.pdf": (pdfgen.memory_bomb_pdf(), "too_large", None),
     }
 
 
@@ -102,7 +107,7 @@ def test_hostile_inputs_end_with_their_error_class_and_the_process_survives(
         "convert", str(tmp_path / "in"), str(out), "--server", standin.url, "--run-id", "hostile",
         "--max-document-bytes", str(MAX_BYTES), "--max-document-pages", str(MAX_PAGES),
         "--max-render-pixels", str(MAX_PIXELS), "--render-timeout", str(RENDER_TIMEOUT_S),
-        "--render-workers", str(RENDER_WORKERS), *FAST, log=log,
+        "--render-workers", str(RENDER_WORKERS), "--render-memory-bytes", str(RENDER_MEMORY), *FAST, log=log,
     )  # fmt: skip
     with RssSampler(process.pid) as memory:
         code = process.wait(timeout=180)  # a hang guard only: the run takes well under a minute even on a busy box
@@ -125,11 +130,13 @@ def test_hostile_inputs_end_with_their_error_class_and_the_process_survives(
     # failed as soon as its first fallback makes the error-rate guard certain to fail, and its queued
     # renders are dropped. Counted, not timed: only the slow pages already rendering when the guard
     # fired (at most one per worker) fell back and had their worker killed and replaced; waiting out
-    # every slow page would have made SLOW_PAGES fallbacks and SLOW_PAGES replacements.
+    # every slow page would have made SLOW_PAGES fallbacks and SLOW_PAGES replacements. The memory bomb
+    # costs one worker more: its document fails at once, without a second try on its text layer.
     assert slow["fallback_pages"] <= RENDER_WORKERS < SLOW_PAGES, slow
-    assert len(memory.child_pids) <= 2 * RENDER_WORKERS < RENDER_WORKERS + SLOW_PAGES, memory.child_pids
+    assert len(memory.child_pids) <= 2 * RENDER_WORKERS + 1 < RENDER_WORKERS + SLOW_PAGES + 1, memory.child_pids
     assert str(MAX_PAGES) in outcomes["too_many_pages.pdf"]["error"]
     assert str(MAX_BYTES) in outcomes["too_many_bytes.pdf"]["error"]
+    assert f"{RENDER_MEMORY:,}" in outcomes["memory_bomb.pdf"]["error"]
 
     sizes = [record["image_size"] for record in standin.requests()]
     assert sizes and all(width * height <= MAX_PIXELS for width, height in sizes)
