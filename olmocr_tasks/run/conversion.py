@@ -40,6 +40,7 @@ from olmocr_tasks.core.errors import (
     TooLargeError,
     UnreadableSourceError,
 )
+from olmocr_tasks.core.formats import check_format, read_head
 from olmocr_tasks.inference.client import InferenceClient
 from olmocr_tasks.inference.gpu_busy import GpuBusy
 from olmocr_tasks.location.claims import Blocked, Claim, ClaimBook
@@ -286,6 +287,10 @@ class ConversionEngine:
             entry.size, entry.sha256 = await asyncio.to_thread(_size_and_sha256, local_path)
             if entry.size > limit:
                 raise TooLargeError(f"{entry.size} bytes is over the limit of {limit} bytes")
+            # Before the content is looked up: a file that is not what its name says fails as such even
+            # when its bytes were converted before under a name that fits them.
+            head = await asyncio.to_thread(read_head, local_path)
+            check_format(head, source.uri, self.settings.formats)
 
             duplicate, claim = await self._claim_content(entry.sha256)
             if duplicate is not None:

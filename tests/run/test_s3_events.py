@@ -71,7 +71,7 @@ def test_test_events_non_create_events_and_non_pdfs_are_ignored() -> None:
     assert "s3:TestEvent" in reasons
     assert "ObjectRemoved:Delete" in reasons
     assert "ObjectRestore:Completed" in reasons
-    assert "notes.txt: not a PDF" in reasons
+    assert "notes.txt: not a PDF or image name" in reasons
 
 
 def test_duplicates_are_returned_once() -> None:
