@@ -290,7 +290,7 @@ class ConversionEngine:
             # Before the content is looked up: a file that is not what its name says fails as such even
             # when its bytes were converted before under a name that fits them.
             head = await asyncio.to_thread(read_head, local_path)
-            check_format(head, source.uri, self.settings.formats)
+            document_format = check_format(head, source.uri, self.settings.formats)
 
             duplicate, claim = await self._claim_content(entry.sha256)
             if duplicate is not None:
@@ -308,7 +308,7 @@ class ConversionEngine:
                 return entry
             assert claim is not None
             try:
-                result = await self._convert_pages(source, local_path, entry, admission)
+                result = await self._convert_pages(source, local_path, entry, admission, document_format)
                 unfinished = 0
                 result.seconds = round(time.monotonic() - started, 3)
                 await self._check_claim(held)
@@ -355,7 +355,7 @@ class ConversionEngine:
         return entry
 
     async def _convert_pages(
-        self, source: SourceDocument, path: str, entry: DocumentEntry, admission: _Admission
+        self, source: SourceDocument, path: str, entry: DocumentEntry, admission: _Admission, document_format: str
     ) -> DocumentResult:
         try:
             info = await self._renderer.inspect(path)
@@ -370,6 +370,8 @@ class ConversionEngine:
 
         fallbacks = 0
         rate = self.settings.max_page_error_rate
+        # An image page has no text layer: its fallback page is empty, and the error-rate rule is the same.
+        fell_back = "fell back to the text layer" if document_format == "pdf" else "failed (an image has no text layer)"
 
         async def page(index: int) -> PageResult:
             nonlocal fallbacks
@@ -388,7 +390,7 @@ class ConversionEngine:
                 # time limit would hold a render worker for hours: fail it now (same class, same rule).
                 if fallbacks / info.page_count > rate:
                     raise ErrorRateExceededError(
-                        f"{fallbacks} of {info.page_count} pages fell back to the text layer (limit {rate:g}); "
+                        f"{fallbacks} of {info.page_count} pages {fell_back} (limit {rate:g}); "
                         f"stopped at page {result.page_number}: {result.fallback_reason}"
                     )
             return result
