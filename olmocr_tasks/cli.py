@@ -240,6 +240,13 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         help="page images larger than this many pixels are scaled down",
     )
     limits.add_argument(
+        "--max-image-pixels",
+        type=_positive_int,
+        default=DocumentLimits.max_image_pixels,
+        metavar="N",
+        help="a page image (PNG, JPEG, TIFF, WebP) of more pixels as stored fails as too_large before it is decoded",
+    )
+    limits.add_argument(
         "--render-timeout",
         type=_positive_float,
         default=DocumentLimits.render_timeout_s,
@@ -293,6 +300,7 @@ def _convert(args: argparse.Namespace) -> int:
             max_bytes=args.max_document_bytes,
             max_pages=args.max_document_pages,
             max_render_pixels=args.max_render_pixels,
+            max_image_pixels=args.max_image_pixels,
             render_timeout_s=args.render_timeout,
             render_memory_bytes=args.render_memory_bytes,
         ),

@@ -47,6 +47,11 @@ def test_formats_choose_what_a_folder_of_scans_converts(tmp_path: Path, standin:
     everything = run_cli(*args, "--run-id", "all")
     assert everything.returncode == 0, everything.stderr
     assert "converted 2, failed 0, skipped 0, already converted 1" in everything.stdout
+    # The page-image pixel limit is the CLI's to set: the 850 x 1100 page is over 900,000 pixels.
+    small = run_cli(*args, "--run-id", "small", "--reprocess", "--formats", "png", "--max-image-pixels", "900000")
+    assert small.returncode == 1 and "converted 0, failed 1" in small.stdout
+    (failed,) = load_whole(str(out / "manifests" / "small.json"))["documents"]
+    assert failed["error_class"] == "too_large" and "850 x 1100 = 935,000 pixels" in failed["error"]
 
 
 def test_single_file_and_no_markdown(tmp_path: Path, standin: StandinServer) -> None:
