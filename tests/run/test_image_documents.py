@@ -134,3 +134,18 @@ def test_an_image_page_without_a_valid_answer_has_no_text_layer_and_follows_the_
     record = json.loads(Path(doc.outputs["dolma"]).read_text())
     assert record["attributes"]["is_fallback"] == [False, True, False]
     assert page_answers(Path(doc.outputs["markdown"])) == [(31, 1), (31, 3)]  # page 2 is empty
+
+
+def test_a_run_that_leaves_a_format_out_does_not_redrive_its_failures(tmp_path: Path, standin: StandinServer) -> None:
+    write(tmp_path / "in", "cut.tif", imagegen.truncated(imagegen.multipage_tiff(41, 2), keep=0.6))
+    write(tmp_path / "in", "letter.pdf", pdfgen.text_pdf(1, 42))
+    failing = by_name(run(tmp_path, fast_settings(standin.url), "all-1"))["cut.tif"]
+    assert (failing.status, failing.error_class, failing.failed_attempts) == ("failed", "corrupt", 1)
+
+    # Neither listed nor re-driven by a PDF-only run: failing it again as unsupported_format would
+    # count an attempt against a document that run was never asked to convert.
+    pdf_only = run(tmp_path, fast_settings(standin.url, formats=("pdf",)), "pdf-only")
+    assert pdf_only.documents == [] and pdf_only.already_converted == 1
+
+    again = by_name(run(tmp_path, fast_settings(standin.url), "all-2"))["cut.tif"]
+    assert (again.status, again.error_class, again.failed_attempts) == ("failed", "corrupt", 2)
