@@ -1,4 +1,4 @@
-"""Discovery of 100,000 objects: ``iter_pdfs`` + an empty ``Ledger.snapshot()`` versus bare boto3.
+"""Discovery of 100,000 objects: ``iter_documents`` + an empty ``Ledger.snapshot()`` versus bare boto3.
 
 A moto server runs in this (harness) process and is filled through moto's in-process backend (100,000
 PUTs over HTTP would take far longer than the listing under test); both listings then go over HTTP
@@ -51,13 +51,13 @@ def _storage_options(endpoint: str) -> dict[str, Any]:
 
 def list_ours(endpoint: str, bucket: str, prefix: str) -> int:
     from olmocr_tasks.location.ledger import Ledger
-    from olmocr_tasks.run.discovery import iter_pdfs
+    from olmocr_tasks.run.discovery import iter_documents
     from olmocr_tasks.storage.store import Storage
 
     storage = Storage(_storage_options(endpoint))
     # What a plan does first: the state of the output prefix (empty here), then the input listing.
     Ledger(f"s3://{bucket}/output", storage, "benchkey").snapshot()
-    return sum(1 for _ in iter_pdfs(f"s3://{bucket}/{prefix}", storage))
+    return sum(1 for _ in iter_documents(f"s3://{bucket}/{prefix}", storage))
 
 
 def list_bare(endpoint: str, bucket: str, prefix: str) -> int:

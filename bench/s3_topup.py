@@ -23,7 +23,7 @@ are recorded, as is how long planning took (the CLI's own INFO line after planni
 One more new PDF is then converted by a run that names it alone (the CLI's single-PDF input): what
 planning asks of storage for a run of one document over the same history (REST and S3-event runs name
 their documents and plan through the same ``iter_plan``). A child process then times the planner's
-two listings alone (``Ledger.snapshot`` and ``iter_pdfs``, the first thing ``iter_plan`` does),
+two listings alone (``Ledger.snapshot`` and ``iter_documents``, the first thing ``iter_plan`` does),
 counting their pages; best of ``--probe-repeats``.
 
 Stores:
@@ -456,7 +456,7 @@ def listing_child(argv: list[str]) -> int:
     parser.add_argument("--result", required=True)
     args = parser.parse_args(argv)
     from olmocr_tasks.location.ledger import Ledger
-    from olmocr_tasks.run.discovery import iter_pdfs
+    from olmocr_tasks.run.discovery import iter_documents
     from olmocr_tasks.storage.store import Storage
 
     storage = Storage()  # the AWS_* environment, as the CLI's
@@ -469,7 +469,7 @@ def listing_child(argv: list[str]) -> int:
     result["state_pages"] = storage.requests.counts()["list"] - before
     result["state_versions"] = len(snapshot)
     middle, before = time.perf_counter(), storage.requests.counts()["list"]
-    result["input_pdfs"] = sum(1 for _ in iter_pdfs(f"s3://{args.bucket}/{INPUT}/", storage))
+    result["input_pdfs"] = sum(1 for _ in iter_documents(f"s3://{args.bucket}/{INPUT}/", storage))
     result["input_s"] = round(time.perf_counter() - middle, 3)
     result["input_pages"] = storage.requests.counts()["list"] - before
     result["total_s"] = round(time.perf_counter() - started, 3)

@@ -36,6 +36,7 @@ from olmocr_tasks.core.config import (
     TimeoutSettings,
 )
 from olmocr_tasks.core.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
+from olmocr_tasks.core.formats import FORMATS, parse_formats
 from olmocr_tasks.core.redaction import environment_secrets, install_log_redaction, redact_text
 from olmocr_tasks.inference.priority import SCHEDULING_POLICIES
 from olmocr_tasks.location.manifest import SKIP_CLAIMED, SKIP_RETRY_LATER
@@ -84,6 +85,14 @@ def _rate(text: str) -> float:
     return value
 
 
+def _formats(text: str) -> tuple[str, ...]:
+    try:
+        chosen = parse_formats(text)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return tuple(name for name in FORMATS if name in chosen)
+
+
 def _add_max_failed_attempts(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-failed-attempts",
@@ -96,11 +105,20 @@ def _add_max_failed_attempts(parser: argparse.ArgumentParser) -> None:
 def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "convert",
-        help="convert a PDF, a folder of PDFs or an s3:// prefix",
-        description="Convert PDFs to Dolma JSONL and markdown with olmOCR on an OpenAI-compatible server.",
+        help="convert a PDF or page image, a folder of them or an s3:// prefix",
+        description="Convert PDFs and page images (PNG, JPEG, TIFF, WebP) to Dolma JSONL and markdown with olmOCR "
+        "on an OpenAI-compatible server.",
         epilog=CONVERT_EXIT_CODES,
     )
-    parser.add_argument("input", help="a PDF file, a local folder (recursive) or s3://bucket/prefix")
+    parser.add_argument("input", help="a document file, a local folder (recursive) or s3://bucket/prefix")
+    parser.add_argument(
+        "--formats",
+        type=_formats,
+        default=FORMATS,
+        metavar="LIST",
+        help=f"comma-separated formats to convert (default all: {','.join(FORMATS)}; jpg and tif also accepted); "
+        "discovery lists only their extensions and other content fails as unsupported_format",
+    )
     parser.add_argument("output", help="a local folder or s3://bucket/prefix")
     parser.add_argument(
         "--server",
@@ -222,6 +240,13 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         help="page images larger than this many pixels are scaled down",
     )
     limits.add_argument(
+        "--max-image-pixels",
+        type=_positive_int,
+        default=DocumentLimits.max_image_pixels,
+        metavar="N",
+        help="a page image (PNG, JPEG, TIFF, WebP) of more pixels as stored fails as too_large before it is decoded",
+    )
+    limits.add_argument(
         "--render-timeout",
         type=_positive_float,
         default=DocumentLimits.render_timeout_s,
@@ -275,10 +300,12 @@ def _convert(args: argparse.Namespace) -> int:
             max_bytes=args.max_document_bytes,
             max_pages=args.max_document_pages,
             max_render_pixels=args.max_render_pixels,
+            max_image_pixels=args.max_image_pixels,
             render_timeout_s=args.render_timeout,
             render_memory_bytes=args.render_memory_bytes,
         ),
         max_page_error_rate=args.max_page_error_rate,
+        formats=args.formats,
         write_markdown=not args.no_markdown,
         gpu_hour_price=args.gpu_hour_price,
         render_workers=args.render_workers,

@@ -9,6 +9,9 @@ interpreter (``--olmocr-side``), where only olmOCR's own functions answer:
 * the prompt: ``olmocr.prompts.build_no_anchoring_v4_yaml_prompt()``;
 * the request of a page, exactly as sent on the wire: ``olmocr.pipeline.try_single_page`` posts to a
   local socket server of this script (all pages, rotations, attempts, model names and an API key);
+* the request of a PNG or JPEG page image: olmOCR's own ``olmocr.image_utils`` tells the image by its
+  first bytes and wraps it in a one-page PDF (the ``img2pdf`` command, installed into a venv of its
+  own, since olmOCR calls it without depending on it), and ``try_single_page`` sends that page;
 * what it makes of a completion: the same ``try_single_page`` fed canned server answers (valid,
   cut off, over the context, without usage, malformed);
 * what its parser makes of an answer: ``FrontMatterParser(front_matter_class=PageResponse)``;
@@ -29,6 +32,7 @@ import argparse
 import asyncio
 import base64
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,6 +57,18 @@ PDFS: dict[str, tuple[str, dict[str, Any]]] = {
     "ladder.pdf": ("text_pdf", {"pages": 4, "doc_id": 74}),
     "rotate90_2p.pdf": ("rotated_pdf", {"rotate": 90, "pages": 2, "doc_id": 75}),
 }
+
+# Page images, as olmOCR takes them (PNG and JPEG; it converts each to a one-page PDF with img2pdf):
+# name -> imagegen.page_image arguments, the Pillow format and save options. One carries a 300 dpi
+# resolution (img2pdf sizes the PDF page from it; the render must not change), one is landscape, and
+# the JPEG's page marker survives JPEG coding (imagegen.JPEG_SAFE_DOC_IDS).
+IMAGES: dict[str, tuple[dict[str, Any], str, dict[str, Any]]] = {
+    "page.png": ({"doc_id": 77}, "PNG", {}),
+    "page_300dpi.png": ({"doc_id": 78}, "PNG", {"dpi": (300, 300)}),
+    "landscape.png": ({"doc_id": 79, "size": (1100, 850)}, "PNG", {}),
+    "photo.jpg": ({"doc_id": 16}, "JPEG", {}),
+}
+IMG2PDF_VERSION = "0.6.3"
 
 # The retry ladder, page by page: olmOCR's process_page against the vLLM stand-in (olmocr_tasks/testing/standin), whose
 # answers follow the page marker it sees (a sideways page makes it report the rotation) and, per page,
@@ -83,8 +99,11 @@ def _request_cases() -> list[dict[str, Any]]:
         {"pdf": "letter_2p.pdf", "page": 1, "rotation": 0, "attempt": 3, "model": ODD_MODEL},
         {"pdf": "letter_2p.pdf", "page": 1, "rotation": 0, "attempt": 0, "model": DEFAULT_MODEL, "api_key": API_KEY},
     ]
+    cases += [{"image_file": name, "page": 1, "rotation": 0, "attempt": 0, "model": DEFAULT_MODEL} for name in IMAGES]
+    cases.append({"image_file": "page.png", "page": 1, "rotation": 90, "attempt": 1, "model": DEFAULT_MODEL})
     for index, case in enumerate(cases):
-        case["name"] = f"{index:02d}-{case['pdf']}-p{case['page']}-r{case['rotation']}-a{case['attempt']}"
+        source = case.get("pdf") or case["image_file"]
+        case["name"] = f"{index:02d}-{source}-p{case['page']}-r{case['rotation']}-a{case['attempt']}"
     return cases
 
 
@@ -206,10 +225,12 @@ COMPLETIONS: dict[str, Any] = {
 def _olmocr_side(spec: dict[str, Any]) -> dict[str, Any]:
     """Runs inside olmOCR's venv: every answer below comes from olmOCR's own functions."""
     import logging
+    import tempfile
     from dataclasses import asdict
     from types import SimpleNamespace
 
     from olmocr import pipeline
+    from olmocr.image_utils import convert_image_to_pdf_bytes, is_jpeg, is_png
     from olmocr.prompts import PageResponse, build_no_anchoring_v4_yaml_prompt
     from olmocr.train.front_matter import FrontMatterParser
     from olmocr.version import VERSION
@@ -268,10 +289,17 @@ def _olmocr_side(spec: dict[str, Any]) -> dict[str, Any]:
             captured.clear()
             warnings.clear()
             replies[:] = [json.dumps(reply).encode()]
-            pdf = str(Path(spec["pdf_dir"]) / case["pdf"])
+            if "image_file" in case:
+                # What olmOCR's process_pdf does with a PNG or JPEG before its page protocol.
+                image = str(Path(spec["image_dir"]) / case["image_file"])
+                assert is_png(image) or is_jpeg(image), image
+                pdf = str(Path(converted) / f"{case['image_file']}.pdf")
+                Path(pdf).write_bytes(convert_image_to_pdf_bytes(image))
+            else:
+                pdf = str(Path(spec["pdf_dir"]) / case["pdf"])
             result = await pipeline.try_single_page(
-                args_for(case["model"], case.get("api_key")), case["pdf"], pdf, case["page"], case["attempt"],
-                case["rotation"],
+                args_for(case["model"], case.get("api_key")), case.get("pdf") or case["image_file"], pdf, case["page"],
+                case["attempt"], case["rotation"],
             )  # fmt: skip
             return (captured[0] if captured else None), result
 
@@ -323,7 +351,8 @@ def _olmocr_side(spec: dict[str, Any]) -> dict[str, Any]:
             }
         return {"requests": requests, "completions": completions, "ladder": ladder}
 
-    exchanged = asyncio.run(exchange())
+    with tempfile.TemporaryDirectory() as converted:
+        exchanged = asyncio.run(exchange())
     return {
         "olmocr_version": VERSION,
         "prompt": build_no_anchoring_v4_yaml_prompt(),
@@ -390,10 +419,41 @@ def _write_pdfs(folder: Path) -> None:
         pdfgen.write_pdf(folder / name, getattr(pdfgen, function)(**kwargs))
 
 
+def _write_images(folder: Path) -> None:
+    from olmocr_tasks.testing import imagegen
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, (arguments, image_format, options) in IMAGES.items():
+        (folder / name).write_bytes(imagegen.encode(imagegen.page_image(**arguments), image_format, **options))
+
+
+def _ensure_img2pdf(log: Path) -> tuple[Path | None, str | None]:
+    """The folder holding the ``img2pdf`` command (a venv of its own beside olmOCR's), or why not."""
+    from bench.common import RESULTS_DIR, VENV_BIN
+
+    venv = RESULTS_DIR / "img2pdf-venv"
+    command = venv / "bin" / "img2pdf"
+    if command.exists():
+        return command.parent, None
+    import subprocess
+
+    with open(log, "a") as out:
+        base = getattr(sys, "_base_executable", sys.executable)
+        subprocess.run([base, "-m", "venv", "--clear", str(venv)], stdout=out, stderr=out, check=True)
+        install = [str(VENV_BIN / "uv"), "pip", "install", "-p", str(venv / "bin" / "python"),
+                   f"img2pdf=={IMG2PDF_VERSION}"]  # fmt: skip
+        done = subprocess.run(install, stdout=out, stderr=out, check=False)
+    if done.returncode != 0 or not command.exists():
+        return None, f"installing img2pdf=={IMG2PDF_VERSION} failed (see {log})"
+    return command.parent, None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--olmocr-side", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--keep-pdfs", action="store_true", help="reuse the committed PDFs instead of new ones")
+    parser.add_argument(
+        "--keep-pdfs", action="store_true", help="reuse the committed PDFs and images instead of new ones"
+    )
     options = parser.parse_args(argv)
     if options.olmocr_side:
         json.dump(_olmocr_side(json.load(sys.stdin)), sys.stdout)
@@ -408,24 +468,32 @@ def main(argv: list[str] | None = None) -> int:
     log = REPO_ROOT / "bench" / "results" / "golden-olmocr-install.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     problem = ensure_olmocr(log)
-    if problem:
-        print(problem, file=sys.stderr)
+    img2pdf_bin, img2pdf_problem = _ensure_img2pdf(log)
+    if problem or img2pdf_problem:
+        print(problem or img2pdf_problem, file=sys.stderr)
         return 1
     pdf_dir = GOLDEN_DIR / "pdfs"
+    image_dir = GOLDEN_DIR / "images"
     if not options.keep_pdfs:
         _write_pdfs(pdf_dir)
+    if not options.keep_pdfs or not all((image_dir / name).exists() for name in IMAGES):
+        _write_images(image_dir)
     from olmocr_tasks.testing.standin.process import start_standin_process
 
+    side_env = olmocr_env()
+    # Last on the PATH: olmOCR's own venv still answers for python and everything else.
+    side_env["PATH"] = os.pathsep.join([side_env["PATH"], str(img2pdf_bin)])
     with start_standin_process(model=DEFAULT_MODEL, scripts=ladder_scripts()) as standin:
         spec = {
             "pdf_dir": str(pdf_dir),
+            "image_dir": str(image_dir),
             "requests": _request_cases(),
             "ladder": LADDER,
             "standin_url": standin.url,
         }
         done = subprocess.run(
             [str(olmocr_python()), str(Path(__file__).resolve()), "--olmocr-side"],
-            input=json.dumps(spec), capture_output=True, text=True, env=olmocr_env(), cwd=str(pdf_dir), check=False,
+            input=json.dumps(spec), capture_output=True, text=True, env=side_env, cwd=str(pdf_dir), check=False,
         )  # fmt: skip
         if done.returncode != 0:
             print(done.stderr, file=sys.stderr)
@@ -451,6 +519,16 @@ def main(argv: list[str] | None = None) -> int:
         "pdfs": {
             name: {"made_by": f"olmocr_tasks.testing.pdfgen.{make}", "arguments": kwargs}
             for name, (make, kwargs) in PDFS.items()
+        },
+        "images": {
+            name: {
+                "made_by": "olmocr_tasks.testing.imagegen.page_image",
+                "arguments": arguments,
+                "format": image_format,
+                "options": options,
+                "img2pdf": IMG2PDF_VERSION,
+            }
+            for name, (arguments, image_format, options) in IMAGES.items()
         },
         **golden,
     }

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from olmocr_tasks.core.errors import ConfigurationError
+from olmocr_tasks.core.formats import FORMATS
 
 DEFAULT_MODEL = "allenai/olmOCR-2-7B-1025-FP8"
 
@@ -179,6 +180,11 @@ class DocumentLimits:
     max_pages: int = 2000
     # Renders larger than this many pixels are scaled down (enormous page boxes).
     max_render_pixels: int = 1288 * 1288 * 4
+    # Pixels of one page of an image document (PNG, JPEG, TIFF, WebP) as stored, before it is scaled:
+    # decoding needs memory in proportion, so a bigger image (a decompression bomb: a few KB that
+    # declare 100,000 x 100,000 pixels) fails as too_large before it is decoded. Pillow's own bomb
+    # threshold (twice its warning level), about 13,400 x 13,400: an A0 sheet at 400 dpi.
+    max_image_pixels: int = 178_956_970
     render_timeout_s: float = 120.0
     # Address space of one render worker (RLIMIT_AS): a page whose render needs more (a content stream
     # or image that decompresses to gigabytes) fails its document as too_large instead of exhausting
@@ -207,6 +213,9 @@ class ConversionSettings:
     limits: DocumentLimits = field(default_factory=DocumentLimits)
     max_page_error_rate: float = 0.004
     write_markdown: bool = True
+    # The input formats this run converts (``core.formats``): discovery lists only their names, and a
+    # document whose content is of another format fails as unsupported_format.
+    formats: tuple[str, ...] = FORMATS
     # Documents whose bytes are held in memory at once by one process (pages of these interleave).
     max_open_documents: int = 16
     # PDFium worker processes per converting process (None: one per core, see render_pool).

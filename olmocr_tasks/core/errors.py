@@ -28,7 +28,23 @@ class DocumentError(OlmocrTasksError):
     error_class = "document_error"
 
 
-class NotPdfError(DocumentError):
+class UnsupportedFormatError(DocumentError):
+    """The content is no format we convert, not the format its name says, or one the run excludes.
+
+    ``detected`` names what the content was found to be (``png``, ``gif``, ``unknown``...).
+    """
+
+    error_class = "unsupported_format"
+
+    def __init__(self, message: str = "", detected: str = "unknown") -> None:
+        super().__init__(message)
+        self.detected = detected
+
+
+class NotPdfError(UnsupportedFormatError):
+    """A file named ``.pdf`` whose content is not a PDF: the older, narrower class, kept for such files
+    so that manifests, ledgers and dashboards that count ``not_pdf`` keep their meaning."""
+
     error_class = "not_pdf"
 
 
@@ -115,6 +131,7 @@ class StorageError(InfrastructureError):
 
 
 DOCUMENT_ERROR_CLASSES: tuple[type[DocumentError], ...] = (
+    UnsupportedFormatError,
     NotPdfError,
     EmptyDocumentError,
     EncryptedPdfError,

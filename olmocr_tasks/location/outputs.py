@@ -22,13 +22,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import unicodedata
 from collections.abc import Mapping
 from datetime import date
 from typing import Any
 
 from olmocr_tasks.core.errors import DocumentError
+from olmocr_tasks.core.formats import strip_document_extension
 from olmocr_tasks.location.layout import OutputLocation
 from olmocr_tasks.page.results import DocumentResult
 from olmocr_tasks.storage.store import Storage
@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 # The olmOCR release whose page protocol and record schema we reproduce; written where olmOCR
 # writes its own version so readers of olmOCR output find the field they expect.
 OLMOCR_COMPAT_VERSION = "0.4.27"
-
-_PDF_SUFFIX = re.compile(r"\.pdf$", re.IGNORECASE)
 
 
 def _normalised(uri: str) -> str:
@@ -63,14 +61,16 @@ def _relative_source(source_uri: str, input_uri: str) -> str:
 def output_stem(source_uri: str, input_uri: str) -> str:
     """The safe relative path (no extension) under which a source's outputs are written.
 
-    ``s3://b/in/x/Report.PDF`` under ``s3://b/in/`` → ``x/Report``. Sources outside the input prefix
+    ``s3://b/in/x/Report.PDF`` under ``s3://b/in/`` → ``x/Report`` (the same for ``Report.tif`` and the
+    other document extensions of ``core.formats``; two sources that differ only there share a stem,
+    which ``claim_stem`` settles). Sources outside the input prefix
     keep their file name only (``/elsewhere/alpha.pdf`` → ``alpha``). The result is
     always sanitised (see ``storage.safe_relative_key``) and never empty; a name that sanitising
     changed (``..``, empty or ``.`` components, control characters, backslashes) ends in ``~`` and
     ten hex digits of a hash of the original, so distinct sources keep distinct outputs.
     """
     # The extension goes first: sanitising "..pdf" would otherwise leave a "." component behind.
-    relative = _PDF_SUFFIX.sub("", _relative_source(source_uri, input_uri))
+    relative = strip_document_extension(_relative_source(source_uri, input_uri))
     stem = safe_relative_key(relative)
     if not stem:
         stem = "_unnamed_" + hashlib.sha1(source_uri.encode("utf-8", "surrogatepass")).hexdigest()[:12]

@@ -255,7 +255,8 @@ class RenderPool:
     # -- public calls ------------------------------------------------------------------------------
 
     async def inspect(self, path: str) -> PdfInfo:
-        """Open the PDF at a local path and describe it; raises a DocumentError for unusable files."""
+        """Open the document (a PDF or a page image) at a local path and describe it; raises a DocumentError
+        for unusable files."""
         result: PdfInfo = await self._call("inspect", (str(path),), "inspect")
         return result
 

@@ -12,6 +12,9 @@ passes an allow-list), caps its own address space (``DocumentLimits.render_memor
 that runs out of memory in Python is answered as ``too_large`` and the worker asks to be retired; one
 that runs out inside PDFium ends the worker (PDFium aborts), which the pool reports the same way.
 
+Image documents (PNG, JPEG, TIFF, WebP) take the same path: the worker tells them from PDFs by their
+content and hands them to ``image_pages``, which answers the same requests with the same limits.
+
 Image semantics follow olmOCR 0.4.x: the page is rendered so that its longest side is
 ``target_longest_image_dim`` pixels, honouring the page's ``/Rotate``; a ``rotation`` R is applied like
 olmOCR's ``rotation_correction`` (PIL ``Transpose.ROTATE_R``, counter-clockwise); the PNG goes back as
@@ -44,7 +47,11 @@ from olmocr_tasks.core.errors import (
     TooLargeError,
     TooManyPagesError,
     UnreadableSourceError,
+    UnsupportedFormatError,
 )
+from olmocr_tasks.core.formats import FORMATS, IMAGE_FORMATS, file_format
+from olmocr_tasks.page.geometry import ROTATIONS, target_size
+from olmocr_tasks.page.image_pages import ImageDocument, open_image_document
 from olmocr_tasks.page.render_wire import MAX_TEXT_BYTES, read_message, write_message
 
 if TYPE_CHECKING:
@@ -54,6 +61,7 @@ __all__ = [
     "ROTATIONS",
     "PageRequests",
     "PdfInfo",
+    "open_any_document",
     "open_document_sync",
     "page_text_sync",
     "pdf_info_sync",
@@ -65,7 +73,6 @@ __all__ = [
 _PDF_HEADER = b"%PDF-"
 # PDFium (like Acrobat) accepts a header preceded by junk within the first 1024 bytes.
 _HEADER_WINDOW = 1024
-ROTATIONS = (0, 90, 180, 270)
 _DOCUMENT_CACHE_SIZE = 8
 
 
@@ -79,24 +86,6 @@ class PdfInfo:
     pdf_version: int | None
     # The file is encrypted but opened with the empty user password (restrictions only).
     is_encrypted_owner_only: bool
-
-
-def target_size(width_pt: float, height_pt: float, target_longest: int, max_pixels: int) -> tuple[int, int]:
-    """Pixel size of a render whose longest side is ``target_longest``, capped at ``max_pixels``.
-
-    Sides are rounded to the nearest pixel (never below 1) so the longest side is exactly the target;
-    only a render that would exceed ``max_pixels`` is scaled down as a whole.
-    """
-    if not (width_pt > 0 and height_pt > 0 and math.isfinite(width_pt) and math.isfinite(height_pt)):
-        raise ValueError(f"page has no usable size ({width_pt} x {height_pt} pt)")
-    if target_longest < 1:
-        raise ValueError("target_longest_image_dim must be positive")
-    scale = target_longest / max(width_pt, height_pt)
-    width, height = max(1, round(width_pt * scale)), max(1, round(height_pt * scale))
-    if width * height > max_pixels:
-        shrink = math.sqrt(max_pixels / (width * height))
-        width, height = max(1, math.floor(width * shrink)), max(1, math.floor(height * shrink))
-    return width, height
 
 
 # --------------------------------------------------------------------------------------------------
@@ -143,6 +132,28 @@ def open_document_sync(path: str, limits: DocumentLimits = DocumentLimits()) -> 
         pdf.close()
         raise TooManyPagesError(f"PDF has {pages} pages, the limit is {limits.max_pages}")
     return pdf
+
+
+def open_any_document(path: str, size_bytes: int, limits: DocumentLimits) -> tuple[Any, PdfInfo]:
+    """Open a PDF (PDFium) or a page image (``image_pages``), whichever its content is.
+
+    The content decides, not the name: the worker is handed temporary paths. Whether the content fits
+    the document's name and the run's formats was settled before (``core.formats.check_format``).
+    """
+    if size_bytes == 0:
+        raise EmptyDocumentError("file is empty (0 bytes)")
+    if size_bytes > limits.max_bytes:
+        raise TooLargeError(f"file is {size_bytes} bytes, the limit is {limits.max_bytes}")
+    detected = file_format(path)
+    if detected in IMAGE_FORMATS:
+        image = open_image_document(path, detected, limits)
+        return image, PdfInfo(len(image), size_bytes, pdf_version=None, is_encrypted_owner_only=False)
+    if detected != "pdf":
+        raise UnsupportedFormatError(
+            f"the content is {detected}, not a format this converts ({', '.join(FORMATS)})", detected=detected
+        )
+    pdf = open_document_sync(path, limits)
+    return pdf, pdf_info_sync(pdf, size_bytes)
 
 
 def pdf_info_sync(pdf: pypdfium2.PdfDocument, size_bytes: int) -> PdfInfo:
@@ -243,8 +254,9 @@ def _get_page(pdf: pypdfium2.PdfDocument, page_index: int) -> Any:
 
 class PageRequests:
     """The requests a worker answers, over its open documents: a small LRU so consecutive pages do not
-    reopen the file. Tests that need a worker which hangs or dies on demand subclass it (``handle``)
-    and start the pool with their own ``worker_main``; production workers know only these kinds."""
+    reopen the file. A document is a PDF (PDFium) or an image (``image_pages``), by its content.
+    Tests that need a worker which hangs or dies on demand subclass it (``handle``) and start the pool
+    with their own ``worker_main``; production workers know only these kinds."""
 
     def __init__(self, limits: DocumentLimits) -> None:
         self.limits = limits
@@ -266,8 +278,7 @@ class PageRequests:
             self.documents.move_to_end(path)
             return cached[1], cached[2]
         self.drop(path)
-        pdf = open_document_sync(path, self.limits)
-        info = pdf_info_sync(pdf, stat.st_size)
+        pdf, info = open_any_document(path, stat.st_size, self.limits)
         self.documents[path] = (identity, pdf, info)
         while len(self.documents) > _DOCUMENT_CACHE_SIZE:
             _, (_, old, _) = self.documents.popitem(last=False)
@@ -291,10 +302,15 @@ class PageRequests:
         if kind == "render":
             path, page_index, target, rotation, level = args
             pdf, _ = self.document(path)
+            if isinstance(pdf, ImageDocument):
+                return pdf.render_png(page_index, target, level, rotation, self.limits.max_render_pixels)
             return render_page_png_sync(pdf, page_index, target, level, rotation, self.limits.max_render_pixels)
         if kind == "text":
             path, page_index = args
-            return page_text_sync(self.document(path)[0], page_index)
+            pdf, _ = self.document(path)
+            if isinstance(pdf, ImageDocument):
+                return ""  # an image has no text layer
+            return page_text_sync(pdf, page_index)
         if kind == "noop":
             return None
         raise ValueError(f"unknown request kind {kind!r}")
@@ -394,6 +410,8 @@ def worker_main(
     # and the first page does not pay for the imports.
     import pypdfium2  # noqa: F401
     from PIL import Image, PngImagePlugin  # noqa: F401
+
+    Image.init()  # every image reader Pillow has (JPEG, TIFF, WebP...), loaded before the limits
 
     try:
         sandbox(limits)

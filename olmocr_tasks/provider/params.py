@@ -14,6 +14,7 @@ import os
 from airflow.sdk import Param
 
 from olmocr_tasks.core.config import ConversionSettings
+from olmocr_tasks.core.formats import FORMATS
 from olmocr_tasks.inference.priority import AUTO, CLASSES
 from olmocr_tasks.run.settings import RunSettings
 
@@ -93,6 +94,20 @@ def ingest_params() -> dict[str, Param]:
             minimum=1,
             title="Max documents",
             description="Convert at most this many PDFs in this run (empty: no limit).",
+            section="What to convert",
+        ),
+        "formats": Param(
+            list(FORMATS),
+            type="array",
+            items={"type": "string", "enum": list(FORMATS)},
+            minItems=1,
+            uniqueItems=True,
+            title="Formats",
+            description=(
+                "Which inputs to convert: pdf, and page images (png, jpeg, tiff, webp; multi-page TIFF is one "
+                "document). Discovery lists only these extensions, in any letter case; a file whose content "
+                "is of another format fails as unsupported_format."
+            ),
             section="What to convert",
         ),
         **_shared_params(),

@@ -17,6 +17,7 @@ from airflow.sdk import conf
 
 from olmocr_tasks.core.config import ConversionSettings
 from olmocr_tasks.core.errors import ConfigurationError
+from olmocr_tasks.core.formats import FORMATS, parse_formats
 from olmocr_tasks.inference.priority import LOW, RENDER_NICE, VLLM_PRIORITY, run_class
 from olmocr_tasks.provider import DEFAULT_CONN_ID, environment
 from olmocr_tasks.provider.hooks import VllmHook
@@ -108,6 +109,7 @@ def build_request(
             max_concurrent_requests=params.get("max_concurrent_requests"), priority=VLLM_PRIORITY[priority_class]
         ),
         max_page_error_rate=float(params.get("max_page_error_rate", ConversionSettings.max_page_error_rate)),
+        formats=run_formats(params),
         gpu_hour_price=hook.gpu_hour_price(),
         render_nice=render_nice(priority_class),
         limits=environment.document_limits(),
@@ -131,6 +133,12 @@ def build_request(
         run_time=run_time(context),
         claim_expiry_s=environment.claim_expiry_s(),
     )
+
+
+def run_formats(params: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ``formats`` Param as ``ConversionSettings.formats`` (all when absent)."""
+    chosen = parse_formats(params.get("formats"))
+    return tuple(name for name in FORMATS if name in chosen)
 
 
 def run_settings(params: Mapping[str, Any]) -> RunSettings:

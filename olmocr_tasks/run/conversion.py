@@ -40,6 +40,7 @@ from olmocr_tasks.core.errors import (
     TooLargeError,
     UnreadableSourceError,
 )
+from olmocr_tasks.core.formats import check_format, read_head
 from olmocr_tasks.inference.client import InferenceClient
 from olmocr_tasks.inference.gpu_busy import GpuBusy
 from olmocr_tasks.location.claims import Blocked, Claim, ClaimBook
@@ -286,6 +287,10 @@ class ConversionEngine:
             entry.size, entry.sha256 = await asyncio.to_thread(_size_and_sha256, local_path)
             if entry.size > limit:
                 raise TooLargeError(f"{entry.size} bytes is over the limit of {limit} bytes")
+            # Before the content is looked up: a file that is not what its name says fails as such even
+            # when its bytes were converted before under a name that fits them.
+            head = await asyncio.to_thread(read_head, local_path)
+            document_format = check_format(head, source.uri, self.settings.formats)
 
             duplicate, claim = await self._claim_content(entry.sha256)
             if duplicate is not None:
@@ -303,7 +308,7 @@ class ConversionEngine:
                 return entry
             assert claim is not None
             try:
-                result = await self._convert_pages(source, local_path, entry, admission)
+                result = await self._convert_pages(source, local_path, entry, admission, document_format)
                 unfinished = 0
                 result.seconds = round(time.monotonic() - started, 3)
                 await self._check_claim(held)
@@ -350,7 +355,7 @@ class ConversionEngine:
         return entry
 
     async def _convert_pages(
-        self, source: SourceDocument, path: str, entry: DocumentEntry, admission: _Admission
+        self, source: SourceDocument, path: str, entry: DocumentEntry, admission: _Admission, document_format: str
     ) -> DocumentResult:
         try:
             info = await self._renderer.inspect(path)
@@ -365,6 +370,8 @@ class ConversionEngine:
 
         fallbacks = 0
         rate = self.settings.max_page_error_rate
+        # An image page has no text layer: its fallback page is empty, and the error-rate rule is the same.
+        fell_back = "fell back to the text layer" if document_format == "pdf" else "failed (an image has no text layer)"
 
         async def page(index: int) -> PageResult:
             nonlocal fallbacks
@@ -383,7 +390,7 @@ class ConversionEngine:
                 # time limit would hold a render worker for hours: fail it now (same class, same rule).
                 if fallbacks / info.page_count > rate:
                     raise ErrorRateExceededError(
-                        f"{fallbacks} of {info.page_count} pages fell back to the text layer (limit {rate:g}); "
+                        f"{fallbacks} of {info.page_count} pages {fell_back} (limit {rate:g}); "
                         f"stopped at page {result.page_number}: {result.fallback_reason}"
                     )
             return result

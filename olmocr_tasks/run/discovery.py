@@ -1,4 +1,4 @@
-"""Find the PDFs to convert: by listing a prefix, or from an explicit list of documents."""
+"""Find the documents to convert (PDFs and page images): by listing a prefix, or from an explicit list."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from olmocr_tasks.core.errors import ConfigurationError, UnreadableSourceError
+from olmocr_tasks.core.formats import ALL_FORMATS, is_document_name
 from olmocr_tasks.storage.store import ObjectInfo, Storage
 
 
@@ -17,12 +18,6 @@ class MissingSource:
     uri: str
     reason: str
     error_class: str = UnreadableSourceError.error_class
-
-
-def is_pdf_name(uri: str) -> bool:
-    """``.pdf`` in any letter case, judged on the last path component only."""
-    name = uri.rsplit("/", 1)[-1]
-    return len(name) > 4 and name[-4:].lower() == ".pdf"
 
 
 def _check_aware(name: str, value: datetime | None) -> None:
@@ -40,27 +35,32 @@ def in_interval(last_modified: datetime, modified_after: datetime | None, modifi
     return modified_until is None or last_modified <= modified_until
 
 
-def iter_pdfs(
+def iter_documents(
     input_uri: str,
     storage: Storage,
     *,
+    formats: Iterable[str] = ALL_FORMATS,
     modified_after: datetime | None = None,
     modified_until: datetime | None = None,
 ) -> Iterator[ObjectInfo]:
-    """Stream every PDF below ``input_uri`` (recursively) last modified in the interval.
+    """Stream every document below ``input_uri`` (recursively) last modified in the interval.
 
-    ``input_uri`` may also name a single PDF. Order: S3 key order, or local directory order.
+    A document is a name whose extension is one of ``formats`` (``core.formats``: ``.pdf``, ``.png``,
+    ``.jpg``/``.jpeg``, ``.tif``/``.tiff``, ``.webp`` in any letter case); its content is checked
+    before it is rendered. ``input_uri`` may also name a single document. Order: S3 key order, or
+    local directory order.
     """
     _check_aware("modified_after", modified_after)
     _check_aware("modified_until", modified_until)
-    if is_pdf_name(input_uri.rstrip("/")) and not input_uri.endswith("/"):
+    formats = frozenset(formats)
+    if is_document_name(input_uri.rstrip("/"), formats) and not input_uri.endswith("/"):
         single = storage.stat(input_uri)
         if single is not None:
             if in_interval(single.last_modified, modified_after, modified_until):
                 yield single
             return
     for info in storage.list_objects(input_uri):
-        if is_pdf_name(info.uri) and in_interval(info.last_modified, modified_after, modified_until):
+        if is_document_name(info.uri, formats) and in_interval(info.last_modified, modified_after, modified_until):
             yield info
 
 

@@ -18,13 +18,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
+from olmocr_tasks.core.formats import format_of_name
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.ledger import Ledger, LedgerSnapshot, fingerprint, source_id
 from olmocr_tasks.location.manifest import SKIP_RETRY_LATER, DocumentEntry
 from olmocr_tasks.location.outputs import output_stem
 from olmocr_tasks.location.runs import RunFolder, RunPlan
 from olmocr_tasks.run.batching import BatchingRule, Packing
-from olmocr_tasks.run.discovery import MissingSource, iter_pdfs, resolve_explicit
+from olmocr_tasks.run.discovery import MissingSource, iter_documents, resolve_explicit
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import ObjectInfo, Storage
 from olmocr_tasks.storage.uri import is_s3, local_path
@@ -83,9 +84,10 @@ def iter_plan(request: RunRequest, storage: Storage, plan: RunPlan) -> Iterator[
         if len(found) <= NAMED_LOOKUPS_MAX:
             named_sources = [source_id(info.uri) for info in found]
     else:
-        candidates = iter_pdfs(
+        candidates = iter_documents(
             request.input_uri,
             storage,
+            formats=request.settings.formats,
             modified_after=request.modified_after,
             modified_until=request.modified_until,
         )
@@ -181,6 +183,9 @@ def _redrive_candidates(
     for recorded in wanted:
         if recorded.uri in seen or not _within(recorded.uri, input_uri):
             continue
+        named = format_of_name(recorded.uri)
+        if named is not None and named not in request.settings.formats:
+            continue  # a format this run leaves alone: a run that converts it re-drives it
         retry_from = _retry_from(request, ledger, snapshot, recorded)
         if retry_from is not None and request.run_time < retry_from:
             continue  # not due: a later reconciliation run takes it

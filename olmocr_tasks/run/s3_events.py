@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote_plus
 
-from olmocr_tasks.run.discovery import is_pdf_name
+from olmocr_tasks.core.formats import is_document_name
 
 CREATED_PREFIX = "ObjectCreated:"
 TEST_EVENT = "s3:TestEvent"
@@ -144,7 +144,7 @@ def _read_record(record: Any, label: str, result: EventDocuments) -> None:
     if not event_name.startswith(CREATED_PREFIX):
         result.ignored.append(f"{uri}: {event_name or 'unnamed event'} is not an object creation")
         return
-    if not is_pdf_name(key):
-        result.ignored.append(f"{uri}: not a PDF")
+    if not is_document_name(key):
+        result.ignored.append(f"{uri}: not a PDF or image name")
         return
     result.add(uri)

@@ -11,7 +11,7 @@ import boto3
 import pytest
 
 from olmocr_tasks.location.manifest_reader import load_whole
-from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing import imagegen, pdfgen
 from olmocr_tasks.testing.standin.server import StandinServer
 from tests.fixtures.cli_process import FAST_CLI, cli_command, cli_env, run_cli
 
@@ -33,6 +33,25 @@ def test_converts_a_folder_exit_0_then_nothing_to_do(tmp_path: Path, standin: St
     second = run_cli("convert", str(tmp_path / "in"), str(out), "--server", standin.url, *FAST_CLI)
     assert second.returncode == 0
     assert "converted 0, failed 0, skipped 0, already converted 2" in second.stdout
+
+
+def test_formats_choose_what_a_folder_of_scans_converts(tmp_path: Path, standin: StandinServer) -> None:
+    inbox, out = tmp_path / "in", tmp_path / "out"
+    pdfgen.write_pdf(inbox / "letter.pdf", pdfgen.text_pdf(1, doc_id=4))
+    (inbox / "Scan.TIF").write_bytes(imagegen.multipage_tiff(5, 2))
+    (inbox / "page.png").write_bytes(imagegen.encode(imagegen.page_image(6), "PNG"))
+    args = ["convert", str(inbox), str(out), "--server", standin.url, *FAST_CLI]
+    scans = run_cli(*args, "--formats", "tif", "--run-id", "scans")
+    assert scans.returncode == 0, scans.stderr
+    assert "converted 1, failed 0" in scans.stdout and (out / "markdown" / "Scan.md").is_file()
+    everything = run_cli(*args, "--run-id", "all")
+    assert everything.returncode == 0, everything.stderr
+    assert "converted 2, failed 0, skipped 0, already converted 1" in everything.stdout
+    # The page-image pixel limit is the CLI's to set: the 850 x 1100 page is over 900,000 pixels.
+    small = run_cli(*args, "--run-id", "small", "--reprocess", "--formats", "png", "--max-image-pixels", "900000")
+    assert small.returncode == 1 and "converted 0, failed 1" in small.stdout
+    (failed,) = load_whole(str(out / "manifests" / "small.json"))["documents"]
+    assert failed["error_class"] == "too_large" and "850 x 1100 = 935,000 pixels" in failed["error"]
 
 
 def test_single_file_and_no_markdown(tmp_path: Path, standin: StandinServer) -> None:
@@ -122,6 +141,7 @@ def test_a_server_refusing_the_run_part_way_publishes_what_it_reached_and_exits_
         (["--max-page-error-rate", "2"], "must be between 0 and 1"),
         (["--max-concurrent-requests", "0"], "must be at least 1"),
         (["--api-key-env", "OLMOCR_TEST_UNSET_VARIABLE"], "OLMOCR_TEST_UNSET_VARIABLE is not set"),
+        (["--formats", "pdf,gif"], "unknown format 'gif': choose from pdf, png, jpeg, tiff, webp"),
     ],
 )
 def test_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:

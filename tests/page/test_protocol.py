@@ -5,7 +5,8 @@ own functions (its prompt builder, the request ``try_single_page`` put on the wi
 ``try_single_page`` made of server answers, what its front-matter parser made of model answers). The
 tests here compare our request bodies and our parse results with it field by field; the page images
 come from different renderers (PDFium here, poppler there), so for them the size and the page marker
-they show are compared instead of the bytes.
+they show are compared instead of the bytes. The same holds for PNG and JPEG page images, which
+olmOCR wraps in a one-page PDF (img2pdf) and renders, and we scale directly.
 """
 
 from __future__ import annotations
@@ -80,9 +81,12 @@ def test_prompt_and_temperatures_are_olmocrs_own() -> None:
 @pytest.mark.parametrize("name", [case["name"] for case in golden()["requests"]])
 def test_request_body_equals_olmocrs_wire_body_except_the_image(name: str, render_pool: RenderPool) -> None:
     (case,) = [case for case in golden()["requests"] if case["name"] == name]
+    # A PNG or JPEG page image is rendered from the image itself; olmOCR wrapped it in a one-page PDF
+    # with img2pdf and rendered that.
+    source = GOLDEN_DIR / "pdfs" / case["pdf"] if "pdf" in case else GOLDEN_DIR / "images" / case["image_file"]
     image_b64 = asyncio.run(
         render_pool.render_page(
-            str(GOLDEN_DIR / "pdfs" / case["pdf"]),
+            str(source),
             case["page"] - 1,
             golden()["target_longest_image_dim"],
             case["rotation"],
@@ -109,6 +113,16 @@ def test_request_body_equals_olmocrs_wire_body_except_the_image(name: str, rende
         image["size"],
         expected["size"],
     )
+
+
+def test_page_images_are_among_the_golden_requests() -> None:
+    # PNG and JPEG, portrait and landscape, a 300 dpi image (img2pdf sizes its PDF page from the dpi;
+    # the page image the model sees must not change), and a rotation retry.
+    cases = [case for case in golden()["requests"] if "image_file" in case]
+    assert {case["image_file"] for case in cases} == {"page.png", "page_300dpi.png", "landscape.png", "photo.jpg"}
+    assert {case["rotation"] for case in cases} == {0, 90}
+    for case in cases:
+        assert (GOLDEN_DIR / "images" / case["image_file"]).is_file()
 
 
 def test_wire_headers_that_matter_match_olmocr() -> None:
@@ -176,7 +190,7 @@ def test_golden_set_covers_the_cases_that_decide_a_page() -> None:
     assert {"valid", "rotation_invalid_90", "missing_diagram", "extra_field", "yaml_syntax_error"} <= set(answers)
     assert {"finish_length", "tokens_over_context_limit", "valid_rotation_invalid"} <= set(completions)
     assert set(completions) >= ACCEPTED_WHERE_OLMOCR_FAILS
-    rotations = {(case["pdf"], case["rotation"]) for case in golden()["requests"]}
+    rotations = {(case.get("pdf") or case["image_file"], case["rotation"]) for case in golden()["requests"]}
     assert {0, 90, 180, 270} <= {rotation for _, rotation in rotations}
 
 

@@ -24,9 +24,10 @@ from olmocr_tasks.core.errors import (
     DocumentError,
     EmptyDocumentError,
     EncryptedPdfError,
-    NotPdfError,
     TooLargeError,
+    UnsupportedFormatError,
 )
+from olmocr_tasks.core.formats import check_format, read_head
 from olmocr_tasks.page.render_pool import RenderError, RenderPool, default_render_workers
 from olmocr_tasks.page.render_worker import PdfInfo, open_document_sync, render_page_png_sync, target_size
 from olmocr_tasks.testing import pdfgen
@@ -247,8 +248,10 @@ def test_page_index_out_of_range_fails_the_call_not_the_pool(render_pool: Render
     [
         ("empty.pdf", pdfgen.empty_file(), EmptyDocumentError, "empty"),
         ("zero_pages.pdf", pdfgen.zero_page_pdf(), EmptyDocumentError, "no pages"),
-        ("image.png", pdfgen.not_a_pdf(), NotPdfError, "not a PDF"),
-        ("text.txt", b"hello, world\n" * 200, NotPdfError, "not a PDF"),
+        # The worker goes by content (it is handed temporary paths): text is no format it converts. A
+        # PNG is an image document now (tests/page/test_image_pages.py); names are judged before
+        # rendering (core.formats.check_format).
+        ("text.txt", b"hello, world\n" * 200, UnsupportedFormatError, "not a format this converts"),
         ("encrypted.pdf", pdfgen.encrypted_pdf(), EncryptedPdfError, "password"),
         ("truncated.pdf", pdfgen.truncated_pdf(), CorruptPdfError, "damaged"),
         ("page_tree.pdf", pdfgen.malformed_objects_pdf("broken_page_tree"), CorruptPdfError, "damaged"),
@@ -278,6 +281,9 @@ def test_mixed_corpus_outcomes(
 ) -> None:
     async def outcome(pool: RenderPool, name: str) -> str | None:
         try:
+            # As the conversion does: the name and the content are compared before the worker opens it
+            # (a PNG named .pdf is a PNG to the worker).
+            check_format(read_head(str(pdf_dir / name)), name)
             await pool.inspect(str(pdf_dir / name))
         except DocumentError as exc:
             return exc.error_class

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from airflow.sdk import Asset, RetryAction
-from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, ParamValidationError, TaskDeferred
 
 from olmocr_tasks.core.errors import (
     ConfigurationError,
@@ -29,12 +29,14 @@ from olmocr_tasks.core.errors import (
     ServerUnavailable,
     StorageError,
 )
+from olmocr_tasks.core.formats import FORMATS
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.manifest import DocumentEntry, Manifest
 from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.provider import flow, hooks, run_requests, tasks
 from olmocr_tasks.provider import params as dag_params
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
+from olmocr_tasks.provider.run_requests import run_formats
 from olmocr_tasks.provider.triggers import VllmReadyTrigger
 from olmocr_tasks.run.planning import batch_label
 from olmocr_tasks.run.settings import RunSettings
@@ -319,6 +321,7 @@ def test_params_form() -> None:
         "reprocess",
         "lookback_intervals",
         "max_documents",
+        "formats",
         "max_page_error_rate",
         "max_document_error_rate",
         "retry_dead_letters",
@@ -335,6 +338,12 @@ def test_params_form() -> None:
     assert form["priority_class"].value == "auto"
     assert form["max_document_error_rate"].value == 0.05
     assert form["max_page_error_rate"].value == 0.004
+    # Every format by default; the form offers only the ones we convert, and the run takes them in order.
+    assert form["formats"].value == ["pdf", "png", "jpeg", "tiff", "webp"]
+    assert form["formats"].resolve(["tiff", "pdf"]) == ["tiff", "pdf"]
+    with pytest.raises(ParamValidationError):
+        form["formats"].resolve(["gif"])
+    assert run_formats({"formats": ["tiff", "pdf"]}) == ("pdf", "tiff") and run_formats({}) == FORMATS
     events = dag_params.event_params()
     assert "documents" not in events and "scope" not in events
     assert {"output_uri", "reprocess", "max_document_error_rate"} <= set(events)

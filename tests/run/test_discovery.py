@@ -1,4 +1,4 @@
-"""PDF discovery over real local folders and a moto S3 bucket."""
+"""Discovery of PDFs and page images over real local folders and a moto S3 bucket."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from olmocr_tasks.core.errors import ConfigurationError
-from olmocr_tasks.run.discovery import MissingSource, in_interval, is_pdf_name, iter_pdfs, resolve_explicit
+from olmocr_tasks.core.formats import is_document_name, parse_formats
+from olmocr_tasks.run.discovery import MissingSource, in_interval, iter_documents, resolve_explicit
 from olmocr_tasks.storage.store import ObjectInfo, RetryPolicy, Storage
 from tests.fixtures.s3 import FaultProxy
 
@@ -23,10 +24,39 @@ def _uris(infos: list[ObjectInfo], base: str) -> list[str]:
     return sorted(info.uri[len(base) + 1 :] for info in infos)
 
 
-def test_is_pdf_name() -> None:
-    assert is_pdf_name("s3://b/x.pdf") and is_pdf_name("/a/X.PDF") and is_pdf_name("y.pDf")
-    assert not is_pdf_name("s3://b/x.pdf/") and not is_pdf_name("/a/.pdf") and not is_pdf_name("a.pdfx")
-    assert not is_pdf_name("/a.pdf/readme")
+IMAGES = ["scans/p1.TIF", "scans/p2.tiff", "scans/photo.JPG", "scans/photo2.jpeg", "scans/page.Png", "scans/w.webp"]
+NOT_DOCUMENTS = ["scans/anim.gif", "scans/page.bmp", "scans/x.tif.part", "scans/.tiff", "scans/tif"]
+
+
+def test_document_names_in_any_letter_case() -> None:
+    assert is_document_name("s3://b/x.pdf") and is_document_name("/a/X.PDF") and is_document_name("y.pDf")
+    assert not is_document_name("s3://b/x.pdf/") and not is_document_name("/a/.pdf")
+    assert not is_document_name("a.pdfx") and not is_document_name("/a.pdf/readme")
+    for name in IMAGES:
+        assert is_document_name(name), name
+    for name in NOT_DOCUMENTS:
+        assert not is_document_name(name), name
+    # --formats restricts by the format, whatever the spelling of the extension.
+    tiff_only = parse_formats("tif")
+    assert is_document_name("a.TIFF", tiff_only) and is_document_name("a.tif", tiff_only)
+    assert not is_document_name("a.pdf", tiff_only) and not is_document_name("a.jpg", tiff_only)
+    assert parse_formats("PDF, jpg") == {"pdf", "jpeg"} and parse_formats(None) == parse_formats("")
+    with pytest.raises(ConfigurationError, match="unknown format 'gif'"):
+        parse_formats("pdf,gif")
+
+
+def test_local_discovery_lists_images_beside_pdfs_and_formats_restrict_it(tmp_path: Path) -> None:
+    for name in NAMES + IMAGES + NOT_DOCUMENTS:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    storage = Storage()
+    assert _uris(list(iter_documents(str(tmp_path), storage)), str(tmp_path)) == sorted(PDFS + IMAGES)
+    only = _uris(list(iter_documents(str(tmp_path), storage, formats=parse_formats("tiff,png"))), str(tmp_path))
+    assert only == ["scans/p1.TIF", "scans/p2.tiff", "scans/page.Png"]
+    [single] = iter_documents(str(tmp_path / "scans/p1.TIF"), storage)
+    assert single.uri == str(tmp_path / "scans/p1.TIF")
+    # A single file of a format the run leaves out is not listed either.
+    assert list(iter_documents(str(tmp_path / "scans/p1.TIF"), storage, formats={"pdf"})) == []
 
 
 def test_interval_is_half_open() -> None:
@@ -44,15 +74,15 @@ def test_local_discovery_nested_mixed_case(tmp_path: Path) -> None:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"%PDF")
     storage = Storage()
-    assert _uris(list(iter_pdfs(str(tmp_path), storage)), str(tmp_path)) == PDFS
-    assert _uris(list(iter_pdfs(f"{tmp_path}/", storage)), str(tmp_path)) == PDFS
+    assert _uris(list(iter_documents(str(tmp_path), storage)), str(tmp_path)) == PDFS
+    assert _uris(list(iter_documents(f"{tmp_path}/", storage)), str(tmp_path)) == PDFS
     # A single file works, and so does a file:// URI.
-    [single] = iter_pdfs(str(tmp_path / "sub/c.Pdf"), storage)
+    [single] = iter_documents(str(tmp_path / "sub/c.Pdf"), storage)
     assert single.uri == str(tmp_path / "sub/c.Pdf") and single.size == 4
-    [via_uri] = iter_pdfs(f"file://{tmp_path}/sub/deeper", storage)
+    [via_uri] = iter_documents(f"file://{tmp_path}/sub/deeper", storage)
     assert via_uri.uri == f"file://{tmp_path}/sub/deeper/d.pdf"
-    assert list(iter_pdfs(str(tmp_path / "missing.pdf"), storage)) == []
-    assert list(iter_pdfs(str(tmp_path / "missing"), storage)) == []
+    assert list(iter_documents(str(tmp_path / "missing.pdf"), storage)) == []
+    assert list(iter_documents(str(tmp_path / "missing"), storage)) == []
 
 
 def test_local_discovery_interval(tmp_path: Path) -> None:
@@ -66,14 +96,14 @@ def test_local_discovery_interval(tmp_path: Path) -> None:
     edge = base + timedelta(hours=1)
 
     def names(**window: Any) -> list[str]:
-        return _uris(list(iter_pdfs(str(tmp_path), storage, **window)), str(tmp_path))
+        return _uris(list(iter_documents(str(tmp_path), storage, **window)), str(tmp_path))
 
     assert names(modified_until=edge) == ["edge.pdf", "old.pdf"]
     assert names(modified_after=edge) == ["new.pdf"]
     assert names(modified_after=base, modified_until=edge) == ["edge.pdf"]
     assert names() == ["edge.pdf", "new.pdf", "old.pdf"]
     with pytest.raises(ConfigurationError):
-        list(iter_pdfs(str(tmp_path), storage, modified_after=datetime(2024, 1, 1)))
+        list(iter_documents(str(tmp_path), storage, modified_after=datetime(2024, 1, 1)))
 
 
 def test_s3_discovery_nested_mixed_case(s3_bucket: str, s3_storage_options: dict[str, Any], s3_put_many: Any) -> None:
@@ -83,13 +113,13 @@ def test_s3_discovery_nested_mixed_case(s3_bucket: str, s3_storage_options: dict
     s3_put_many(s3_bucket, {"in/sub/folder.pdf/": b""})  # a console-made "folder" marker
     storage.write_bytes_atomic(f"s3://{s3_bucket}/input/not-under-in.pdf", b"%PDF")
     base = f"s3://{s3_bucket}/in"
-    found = list(iter_pdfs(base, storage))
+    found = list(iter_documents(base, storage))
     assert _uris(found, base) == PDFS
     assert [info.uri for info in found] == sorted(info.uri for info in found)  # S3 key order
     assert all(info.etag and info.last_modified.tzinfo for info in found)
-    [single] = iter_pdfs(f"{base}/sub/c.Pdf", storage)
+    [single] = iter_documents(f"{base}/sub/c.Pdf", storage)
     assert single.uri == f"{base}/sub/c.Pdf" and single.etag == found[2].etag
-    assert len(list(iter_pdfs(f"s3://{s3_bucket}", storage))) == 5
+    assert len(list(iter_documents(f"s3://{s3_bucket}", storage))) == 5
 
 
 def test_s3_discovery_interval_on_last_modified(s3_bucket: str, s3_storage_options: dict[str, Any]) -> None:
@@ -97,20 +127,20 @@ def test_s3_discovery_interval_on_last_modified(s3_bucket: str, s3_storage_optio
     base = f"s3://{s3_bucket}/in"
     storage.write_bytes_atomic(f"{base}/first.pdf", b"1")
     storage.write_bytes_atomic(f"{base}/second.pdf", b"2")
-    first_batch = {info.uri: info.last_modified for info in iter_pdfs(base, storage)}
+    first_batch = {info.uri: info.last_modified for info in iter_documents(base, storage)}
     watermark = max(first_batch.values())
     time.sleep(1.1)  # S3 LastModified has one-second resolution
     storage.write_bytes_atomic(f"{base}/third.pdf", b"3")
-    all_now = {info.uri: info.last_modified for info in iter_pdfs(base, storage)}
+    all_now = {info.uri: info.last_modified for info in iter_documents(base, storage)}
     assert all_now[f"{base}/third.pdf"] > watermark
     # Two consecutive runs with the watermark as boundary take each object exactly once.
-    run1 = [info.uri for info in iter_pdfs(base, storage, modified_until=watermark)]
-    run2 = [info.uri for info in iter_pdfs(base, storage, modified_after=watermark)]
+    run1 = [info.uri for info in iter_documents(base, storage, modified_until=watermark)]
+    run2 = [info.uri for info in iter_documents(base, storage, modified_after=watermark)]
     assert sorted(run1) == sorted(first_batch)
     assert run2 == [f"{base}/third.pdf"]
     later = all_now[f"{base}/third.pdf"]
-    assert list(iter_pdfs(base, storage, modified_after=later)) == []
-    assert [i.uri for i in iter_pdfs(base, storage, modified_after=watermark, modified_until=later)] == run2
+    assert list(iter_documents(base, storage, modified_after=later)) == []
+    assert [i.uri for i in iter_documents(base, storage, modified_after=watermark, modified_until=later)] == run2
 
 
 def test_resolve_explicit_local(tmp_path: Path) -> None:

@@ -62,16 +62,23 @@ def test_test_events_non_create_events_and_non_pdfs_are_ignored() -> None:
                     record("notes.txt"),
                     record("copy.pdf", event="ObjectCreated:Copy"),
                     record("big.pdf", event="ObjectCreated:CompleteMultipartUpload"),
+                    record("scans/Page.TIF"),
+                    record("scans/anim.gif"),
                 ),
             )
         ]
     )
-    assert parsed.uris == ["s3://inbox-bucket/copy.pdf", "s3://inbox-bucket/big.pdf"]
+    # Page images are documents too (issue 32); other files are not.
+    assert parsed.uris == [
+        "s3://inbox-bucket/copy.pdf",
+        "s3://inbox-bucket/big.pdf",
+        "s3://inbox-bucket/scans/Page.TIF",
+    ]
     reasons = "\n".join(parsed.ignored)
     assert "s3:TestEvent" in reasons
     assert "ObjectRemoved:Delete" in reasons
     assert "ObjectRestore:Completed" in reasons
-    assert "notes.txt: not a PDF" in reasons
+    assert "notes.txt: not a PDF or image name" in reasons and "anim.gif: not a PDF or image name" in reasons
 
 
 def test_duplicates_are_returned_once() -> None:
