@@ -14,9 +14,9 @@ PYTEST_ARGS ?=
 # listed in tests/conftest.py's ONE_PROCESS_TIERS) is added here.
 SOLO_TIERS := deployment
 # One-process tiers run in the foreground after the rest of the suite (still beside the solo tiers):
-# the compose tier builds images and starts a whole stack, which the rest would otherwise compete with
-# on 2 cores. Also listed in ONE_PROCESS_TIERS.
-LATER_TIERS := compose
+# the compose tier builds images and starts a whole stack, the vllm tier runs vLLM's CPU build (~3 GiB,
+# both cores), which the rest would otherwise compete with on 2 cores. Also listed in ONE_PROCESS_TIERS.
+LATER_TIERS := vllm compose
 # pytest-xdist processes for the rest of the suite, beside the tiers' one process each: two processes
 # in all on a 2-core machine.
 TEST_WORKERS ?= 1

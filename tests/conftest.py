@@ -21,7 +21,7 @@ pytest_plugins = [
 
 # Tiers whose tests share one package-scoped deployment: they must all run in one process, in order.
 # A new such tier adds its marker here and to SOLO_TIERS or LATER_TIERS in the Makefile.
-ONE_PROCESS_TIERS = ("deployment", "compose")
+ONE_PROCESS_TIERS = ("deployment", "compose", "vllm")
 DEPLOYMENT_DIR = Path(__file__).resolve().parent / "deployment"
 
 

@@ -16,6 +16,8 @@ WAITING_METRIC = "vllm:num_requests_waiting"
 SUCCESS_METRIC = "vllm:request_success_total"
 PROMPT_TOKENS_METRIC = "vllm:prompt_tokens_total"
 GENERATION_TOKENS_METRIC = "vllm:generation_tokens_total"
+# The finish reasons vLLM 0.32 labels its success counter with, each present from the start.
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -152,8 +154,9 @@ def render_metrics(metrics: Iterable[Metric]) -> str:
 
 def vllm_metrics(state: ServerMetrics) -> list[Metric]:
     """The metric families vLLM publishes that olmOCR clients and dashboards read, labelled as vLLM does."""
-    model = (("model_name", state.model),)
-    reasons = state.success_by_reason or {"stop": 0.0}
+    # vLLM labels each family with its engine (one per data-parallel rank) and the served model name.
+    model = (("engine", "0"), ("model_name", state.model))
+    reasons = dict.fromkeys(FINISHED_REASONS, 0.0) | dict(state.success_by_reason)
     return [
         Metric(RUNNING_METRIC, "gauge", "Number of requests in model execution batches.", ((model, state.running),)),
         Metric(WAITING_METRIC, "gauge", "Number of requests waiting to be processed.", ((model, state.waiting),)),
@@ -161,7 +164,7 @@ def vllm_metrics(state: ServerMetrics) -> list[Metric]:
             SUCCESS_METRIC,
             "counter",
             "Count of successfully processed requests.",
-            tuple(((("finished_reason", reason), *model), count) for reason, count in sorted(reasons.items())),
+            tuple(((model[0], ("finished_reason", reason), model[1]), count) for reason, count in reasons.items()),
         ),
         Metric(PROMPT_TOKENS_METRIC, "counter", "Number of prefill tokens processed.", ((model, state.prompt_tokens),)),
         Metric(

@@ -27,6 +27,14 @@ PROMPT_V4 = (
 # Attempt i is sent at TEMPERATURE_BY_ATTEMPT[min(i, 7)].
 TEMPERATURE_BY_ATTEMPT: tuple[float, ...] = (0.1, 0.1, 0.2, 0.3, 0.5, 0.8, 0.9, 1.0)
 
+# olmOCR's --guided_decoding constraint (pipeline.py): the front matter's five keys in training order,
+# then either the end of the answer or a newline and the page text.
+OLMOCR_FRONT_MATTER_REGEX = (
+    "---\nprimary_language: (?:[a-z]{2}|null)\nis_rotation_valid: (?:True|False|true|false)\n"
+    "rotation_correction: (?:0|90|180|270)\nis_table: (?:True|False|true|false)\n"
+    "is_diagram: (?:True|False|true|false)\n(?:---|---\n[\\s\\S]+)"
+)
+
 VALID_ROTATIONS = frozenset({0, 90, 180, 270})
 FRONT_MATTER_KEYS = ("primary_language", "is_rotation_valid", "rotation_correction", "is_table", "is_diagram")
 _BOOL_KEYS = ("is_rotation_valid", "is_table", "is_diagram")

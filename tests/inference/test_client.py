@@ -202,13 +202,17 @@ def test_hang_hits_read_timeout_and_is_retried(standin_factory: Factory) -> None
 
 
 @pytest.mark.parametrize(
-    ("builder", "status"),
+    ("max_model_len", "builder", "status"),
     [
-        (RequestBodyBuilder(ServerSettings().connection.model, max_tokens=20000), "HTTP 400"),  # over the context
-        (RequestBodyBuilder("some/other-model"), "HTTP 404"),  # model not served
+        (200, RequestBodyBuilder(ServerSettings().connection.model), "HTTP 400"),  # a prompt over the context
+        (16384, RequestBodyBuilder("some/other-model"), "HTTP 404"),  # model not served
     ],
 )
-def test_4xx_is_one_failed_attempt_at_once(standin: StandinServer, builder: RequestBodyBuilder, status: str) -> None:
+def test_4xx_is_one_failed_attempt_at_once(
+    standin_factory: Callable[..., StandinServer], max_model_len: int, builder: RequestBodyBuilder, status: str
+) -> None:
+    standin = standin_factory(max_model_len=max_model_len)
+
     async def scenario() -> AttemptFailed:
         async with InferenceClient(fast_server_settings(standin)) as client:
             with pytest.raises(AttemptFailed) as caught:

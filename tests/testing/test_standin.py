@@ -162,7 +162,9 @@ def test_wrong_model_is_404_like_vllm(standin: StandinServer) -> None:
     body = RequestBodyBuilder("someone/else").build(marked_png(1, 1, as_base64=True), 0.1)
     response = chat(standin, body)
     assert response.status_code == 404
-    assert response.json()["error"]["message"] == "The model `someone/else` does not exist."
+    error = response.json()["error"]
+    assert error["message"] == f"The model `someone/else` does not exist. Valid aliases: {standin.model}."
+    assert error["param"] == "model"
     assert standin.requests()[0]["outcome"] == "model_not_found"
 
 
@@ -189,11 +191,16 @@ def test_malformed_requests_are_400(standin: StandinServer) -> None:
     assert standin.stats()["by_outcome"] == {"bad_request": 8}
 
 
-def test_context_limit_and_max_tokens_like_vllm(standin: StandinServer) -> None:
-    too_long = RequestBodyBuilder(standin.model, max_tokens=16384).build(marked_png(1, 1, as_base64=True), 0.1)
+def test_context_limit_and_max_tokens_like_vllm(standin_factory: Callable[..., StandinServer]) -> None:
+    # As vLLM 0.32: max_tokens beyond the context is capped, only a prompt over it is refused.
+    standin = standin_factory(max_model_len=400)
+    capped = RequestBodyBuilder(standin.model, max_tokens=16384).build(marked_png(1, 1, as_base64=True), 0.1)
+    assert chat(standin, capped).json()["usage"]["total_tokens"] <= 400
+    too_long = RequestBodyBuilder(standin.model).build(marked_png(1, 1, size=(400, 600), as_base64=True), 0.1)
     response = chat(standin, too_long)
     assert response.status_code == 400
-    assert "maximum context length is 16384" in response.json()["error"]["message"]
+    error = response.json()["error"]
+    assert "maximum context length is 400 tokens" in error["message"] and error["param"] == "input_tokens"
 
     short = RequestBodyBuilder(standin.model, max_tokens=10).build(marked_png(1, 1, as_base64=True), 0.1)
     payload = chat(standin, short).json()
@@ -246,7 +253,8 @@ def test_written_front_matter_and_metrics_read_back() -> None:
     state = ServerMetrics(model='od"d\\name', running=3, waiting=7, success_by_reason={"stop": 4, "length": 1})
     text = render_vllm_metrics(state)
     assert parse_vllm_queue(text) == QueueSample(running=3.0, waiting=7.0)
-    assert 'vllm:request_success_total{finished_reason="length",model_name="od\\"d\\\\name"} 1.0' in text
+    assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="od\\"d\\\\name"} 1.0' in text
+    assert 'vllm:request_success_total{engine="0",finished_reason="abort",model_name="od\\"d\\\\name"} 0.0' in text
 
 
 # ----- capacity and queueing ----------------------------------------------------------------------
@@ -293,7 +301,7 @@ def test_capacity_queues_fifo_and_metrics_show_it(standin_factory: Callable[...,
     # Four waves of two: the server cannot have answered faster than four latencies.
     assert by_start[-1]["finished"] - by_start[0]["started"] >= 4 * latency * 0.95
     text = CLIENT.get(f"{server.base_url}/metrics").text
-    assert 'vllm:request_success_total{finished_reason="stop",model_name="' in text
+    assert 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="' in text
     assert metric(text, "vllm:request_success_total") == 8.0
 
 
@@ -328,11 +336,12 @@ def test_priority_policy_serves_the_waiting_queue_lowest_value_first(
     assert order == [0, -10, 10, 10, 10]
 
 
-def test_fcfs_refuses_a_priority_like_vllm_and_ignores_none(standin: StandinServer) -> None:
+def test_fcfs_accepts_a_priority_like_vllm(standin: StandinServer) -> None:
+    # vLLM 0.32 under its default fcfs takes the field and serves in arrival order (tests/vllm's contract).
     body = page_body(standin)
-    refused = chat(standin, with_priority(body, 5))
-    assert refused.status_code == 400 and "Priority scheduling is not enabled" in refused.text
+    assert chat(standin, with_priority(body, 5)).status_code == 200
     assert chat(standin, with_priority(body, 0)).status_code == 200
+    assert [record["priority"] for record in standin.requests()] == [5, 0]
 
 
 # ----- faults --------------------------------------------------------------------------------------

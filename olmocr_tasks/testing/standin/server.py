@@ -44,7 +44,7 @@ from PIL import Image, UnidentifiedImageError
 from olmocr_tasks.core.config import DEFAULT_MODEL
 from olmocr_tasks.inference.vllm_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from olmocr_tasks.inference.vllm_metrics import ServerMetrics, render_vllm_metrics
-from olmocr_tasks.page.protocol import format_front_matter
+from olmocr_tasks.page.protocol import PROMPT_V4, format_front_matter
 from olmocr_tasks.testing.page_marker import Marker, read_marker
 
 log = logging.getLogger("olmocr_tasks.testing.standin")
@@ -65,6 +65,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Qwen2.5-VL turns each 28x28 pixel patch into one visual token.
 PIXELS_PER_TOKEN = 28 * 28
 PROMPT_TEXT_TOKENS = 150
+# Prompt text beyond olmOCR's own costs a token per this many characters (English in a BPE tokenizer).
+CHARS_PER_TOKEN = 4
 # In identify=False mode only this much of the base64 text at each end is hashed.
 DIGEST_SPAN = 4096
 _PAGE_KEY = re.compile(r"^\d+:\d+$")
@@ -91,9 +93,11 @@ class StandinConfig:
     slow_s: float = 30.0
     retry_after_s: int = 1
     max_model_len: int = 16384
-    # vLLM's --scheduling-policy: "fcfs" refuses a non-zero "priority" field (HTTP 400, as vLLM does);
-    # "priority" serves the waiting queue lowest value first.
+    # vLLM's --scheduling-policy: "fcfs" serves in arrival order and ignores a request's "priority"
+    # (accepted, as vLLM 0.32 does); "priority" serves the waiting queue lowest value first.
     scheduling_policy: str = "fcfs"
+    # What GET /version reports: clients choose the guided-decoding field by it.
+    vllm_version: str = "0.32.0"
     keep_bodies: int = 5
     log_limit: int = 100_000
     primary_language: str = "en"
@@ -220,15 +224,18 @@ class _Scheduler:
 
 
 class _BadRequest(Exception):
-    def __init__(self, status: int, message: str, error_type: str = "BadRequestError") -> None:
+    def __init__(
+        self, status: int, message: str, error_type: str = "BadRequestError", param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.error_type = error_type
+        self.param = param
 
 
-def _error_body(status: int, message: str, error_type: str) -> dict[str, Any]:
-    # vLLM's current OpenAI-compatible error shape.
-    return {"error": {"message": message, "type": error_type, "param": None, "code": status}}
+def _error_body(status: int, message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
+    # vLLM's current OpenAI-compatible error shape (tests/vllm/test_contract.py compares them).
+    return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
 
 
 def _json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -237,8 +244,8 @@ def _json_response(payload: Any, status: int = 200, headers: dict[str, str] | No
     )
 
 
-def _extract_image(payload: Any) -> tuple[str, int]:
-    """Check the body has olmOCR's shape; return the base64 image and max_tokens."""
+def _extract_image(payload: Any) -> tuple[str, int, int]:
+    """Check the body has olmOCR's shape; return the base64 image, max_tokens and the prompt's text length."""
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _BadRequest(400, "messages must be a non-empty list")
@@ -265,7 +272,13 @@ def _extract_image(payload: Any) -> tuple[str, int]:
     temperature = payload.get("temperature")
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature <= 2:
         raise _BadRequest(400, "temperature must be a number within 0..2")
-    return url[len(DATA_URL_PREFIX) :], max_tokens
+    structured = payload.get("structured_outputs")
+    if isinstance(structured, dict) and "regex" in structured:
+        try:
+            re.compile(str(structured["regex"]))
+        except re.error as exc:
+            raise _BadRequest(400, f"Grammar error: invalid regex {structured['regex']!r}: {exc}") from None
+    return url[len(DATA_URL_PREFIX) :], max_tokens, len(text_part["text"])
 
 
 def _png_size_from_base64(b64: str) -> tuple[int, int]:
@@ -349,6 +362,7 @@ class VllmStandin:
                 web.post(CHAT_PATH, self._chat),
                 web.get("/metrics", self._metrics),
                 web.get("/health", self._health),
+                web.get("/version", self._version),
                 web.get("/_control/config", self._control_get_config),
                 web.post("/_control/config", self._control_config),
                 web.post("/_control/reset", self._control_reset),
@@ -577,6 +591,11 @@ class VllmStandin:
         await self._wait_gate()
         return web.Response(status=200)
 
+    async def _version(self, request: web.Request) -> web.Response:
+        self._endpoint_hits[request.path] += 1
+        await self._wait_gate()
+        return _json_response({"version": self.config.vllm_version})
+
     async def _models(self, request: web.Request) -> web.Response:
         self._endpoint_hits[request.path] += 1
         await self._wait_gate()
@@ -660,7 +679,7 @@ class VllmStandin:
             record["outcome"] = "unauthorized"
             return _json_response({"error": "Unauthorized"}, status=401)
         try:
-            b64, max_tokens = self._read_request(body, record, config)
+            b64, max_tokens, text_chars = self._read_request(body, record, config)
             marker: Marker | None = None
             if config.identify:
                 # PNG decoding takes tens of milliseconds for a full page; a worker thread (Pillow
@@ -671,18 +690,23 @@ class VllmStandin:
             else:
                 width, height = _png_size_from_base64(b64)
             record["image_size"] = [width, height]
-            prompt_tokens = width * height // PIXELS_PER_TOKEN + PROMPT_TEXT_TOKENS
-            if prompt_tokens + max_tokens > config.max_model_len:
+            longer_text = max(0, text_chars - len(PROMPT_V4)) // CHARS_PER_TOKEN
+            prompt_tokens = width * height // PIXELS_PER_TOKEN + PROMPT_TEXT_TOKENS + longer_text
+            # As vLLM 0.32: only a prompt over the context is refused; max_tokens is capped to what is left.
+            if prompt_tokens > config.max_model_len:
                 raise _BadRequest(
                     400,
-                    f"This model's maximum context length is {config.max_model_len} tokens. However, you "
-                    f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
-                    f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
+                    f"This model's maximum context length is {config.max_model_len} tokens. However, your "
+                    f"prompt contains at least {prompt_tokens} input tokens, which exceeds this limit even "
+                    "without any output tokens. Please reduce the length of the input prompt. "
+                    f"(parameter=input_tokens, value={prompt_tokens})",
+                    param="input_tokens",
                 )
+            max_tokens = min(max_tokens, config.max_model_len - prompt_tokens)
         except _BadRequest as exc:
             await self._wait_gate()
             record["outcome"] = "model_not_found" if exc.status == 404 else "bad_request"
-            return _json_response(_error_body(exc.status, str(exc), exc.error_type), status=exc.status)
+            return _json_response(_error_body(exc.status, str(exc), exc.error_type, exc.param), status=exc.status)
 
         fault = self._choose_fault(marker, config)
         record["fault"] = fault
@@ -717,7 +741,7 @@ class VllmStandin:
             except TimeoutError:
                 return
 
-    def _read_request(self, body: bytes, record: dict[str, Any], config: StandinConfig) -> tuple[str, int]:
+    def _read_request(self, body: bytes, record: dict[str, Any], config: StandinConfig) -> tuple[str, int, int]:
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError):
@@ -732,15 +756,15 @@ class VllmStandin:
         if not isinstance(model, str):
             raise _BadRequest(400, "model must be a string")
         if model != config.model:
-            raise _BadRequest(404, f"The model `{model}` does not exist.", "NotFoundError")
+            raise _BadRequest(
+                404, f"The model `{model}` does not exist. Valid aliases: {config.model}.", "NotFoundError", "model"
+            )
         priority = payload.get("priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise _BadRequest(400, "priority must be an integer")
-        if priority != 0 and config.scheduling_policy != "priority":
-            raise _BadRequest(400, f"Got priority {priority} but Priority scheduling is not enabled.")
+        # Under fcfs vLLM 0.32 accepts the field and serves in arrival order regardless.
         record["priority"] = priority
-        b64, max_tokens = _extract_image(payload)
-        return b64, max_tokens
+        return _extract_image(payload)
 
     def _choose_fault(self, marker: Marker | None, config: StandinConfig) -> str | None:
         if marker is not None:

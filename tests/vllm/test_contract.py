@@ -1,0 +1,255 @@
+"""What our client relies on vLLM for, asserted against the real CPU vLLM and against the stand-in alike.
+
+Each test runs twice (``server`` is parametrised): once on vLLM 0.32's CPU build serving the tiny random
+model, once on ``olmocr_tasks.testing.standin``. A difference is a stand-in bug (the stand-in follows the
+real server) or a README statement to correct. Requests are olmOCR-shaped (one text part, one PNG).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import socket
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+
+from olmocr_tasks.inference.vllm_metrics import (
+    GENERATION_TOKENS_METRIC,
+    PROMPT_TOKENS_METRIC,
+    RUNNING_METRIC,
+    SUCCESS_METRIC,
+    WAITING_METRIC,
+    parse_vllm_sample,
+)
+from olmocr_tasks.page.protocol import OLMOCR_FRONT_MATTER_REGEX, parse_completion
+from olmocr_tasks.testing.standin.server import StandinServer
+from tests.vllm.conftest import MAX_MODEL_LEN, MODEL_NAME, VllmServers, metrics_text, wait_for
+
+# A generation long enough to watch while it runs: the tiny model makes a few hundred tokens a second
+# on a busy machine; the stand-in is held by its latency instead.
+LONG_TOKENS = 6000
+STANDIN_HOLD_S = 120.0
+# Long enough to queue three more requests behind (seconds on a busy machine), short enough to wait for.
+BLOCKER_TOKENS = 600
+# The families backpressure, gpu_busy and the run summary read.
+READ_METRICS = {RUNNING_METRIC, WAITING_METRIC, PROMPT_TOKENS_METRIC, GENERATION_TOKENS_METRIC, SUCCESS_METRIC}
+
+
+@dataclass
+class ContractServer:
+    kind: str
+    base_url: str
+    root_url: str
+    standin: StandinServer | None = None
+
+    @contextmanager
+    def long_requests(self, standin_s: float = STANDIN_HOLD_S) -> Iterator[None]:
+        """Requests started inside the block take ``standin_s`` on the stand-in (on the real server their
+        ``min_tokens`` make them long)."""
+        if self.standin is None:
+            yield
+            return
+        self.standin.configure(latency_s=standin_s)
+        try:
+            yield
+        finally:
+            self.standin.configure(latency_s=0.0)
+
+
+def _standin(policy: str) -> StandinServer:
+    settings: dict[str, Any] = {"model": MODEL_NAME, "max_model_len": MAX_MODEL_LEN, "scheduling_policy": policy}
+    if policy == "priority":
+        settings["capacity"] = 1
+    return StandinServer(**settings).start()
+
+
+@contextmanager
+def _server(kind: str, policy: str, vllm_servers: VllmServers | None) -> Iterator[ContractServer]:
+    if kind == "standin":
+        standin = _standin(policy)
+        try:
+            yield ContractServer(kind, standin.url, standin.url.removesuffix("/v1"), standin)
+        finally:
+            standin.stop()
+        return
+    assert vllm_servers is not None
+    running = vllm_servers.serve(policy)
+    yield ContractServer(kind, running.base_url, running.root_url)
+
+
+@pytest.fixture(params=["vllm", "standin"])
+def server(request: pytest.FixtureRequest) -> Iterator[ContractServer]:
+    servers = request.getfixturevalue("vllm_servers") if request.param == "vllm" else None
+    with _server(request.param, "fcfs", servers) as contract:
+        yield contract
+
+
+@pytest.fixture(params=["vllm", "standin"])
+def priority_server(request: pytest.FixtureRequest) -> Iterator[ContractServer]:
+    servers = request.getfixturevalue("vllm_servers") if request.param == "vllm" else None
+    with _server(request.param, "priority", servers) as contract:
+        yield contract
+
+
+def _png_base64(size: tuple[int, int] = (224, 280)) -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, "white").save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def queue(server: ContractServer) -> Any:
+    return parse_vllm_sample(metrics_text(server.root_url)).queue
+
+
+def page_request(text: str = "Read this page.", **fields: Any) -> dict[str, Any]:
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_png_base64()}"}}
+    message = {"role": "user", "content": [{"type": "text", "text": text}, image]}
+    return {"model": MODEL_NAME, "messages": [message], "max_tokens": 20, "temperature": 0.0} | fields
+
+
+def post(server: ContractServer, body: dict[str, Any], timeout: float = 120.0) -> httpx.Response:
+    return httpx.post(server.base_url + "/chat/completions", json=body, timeout=timeout)
+
+
+def test_the_model_list_names_the_served_model_and_its_context(server: ContractServer) -> None:
+    listing = httpx.get(server.base_url + "/models", timeout=10).json()
+    assert listing["object"] == "list"
+    assert [(card["id"], card["object"], card["max_model_len"]) for card in listing["data"]] == [
+        (MODEL_NAME, "model", MAX_MODEL_LEN)
+    ]
+
+
+def test_the_version_endpoint_names_a_release(server: ContractServer) -> None:
+    version = httpx.get(server.root_url + "/version", timeout=10).json()["version"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", version)
+
+
+def test_an_answer_has_one_choice_a_finish_reason_and_consistent_usage(server: ContractServer) -> None:
+    payload = post(server, page_request()).json()
+    (choice,) = payload["choices"]
+    assert choice["message"]["role"] == "assistant" and isinstance(choice["message"]["content"], str)
+    assert choice["finish_reason"] in ("stop", "length")
+    usage = payload["usage"]
+    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_an_answer_cut_at_max_tokens_finishes_with_length(server: ContractServer) -> None:
+    # min_tokens (vLLM's) keeps a model from ending before the limit; the stand-in's answers are longer.
+    payload = post(server, page_request(max_tokens=3, min_tokens=3)).json()
+    assert payload["choices"][0]["finish_reason"] == "length"
+    assert payload["usage"]["completion_tokens"] == 3
+
+
+def test_max_tokens_beyond_the_context_is_capped_not_refused(server: ContractServer) -> None:
+    # vLLM caps the completion at what the context leaves; only a prompt over the context is a 400.
+    payload = post(server, page_request(max_tokens=MAX_MODEL_LEN)).json()
+    assert payload["usage"]["total_tokens"] <= MAX_MODEL_LEN
+
+
+def test_a_prompt_longer_than_the_context_is_a_400_saying_so(server: ContractServer) -> None:
+    response = post(server, page_request(text="hello world " * 9000))
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("BadRequestError", 400, "input_tokens")
+    assert f"maximum context length is {MAX_MODEL_LEN} tokens" in error["message"]
+
+
+def test_an_unknown_model_is_a_404(server: ContractServer) -> None:
+    response = post(server, page_request(model="no-such-model"))
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("NotFoundError", 404, "model")
+    assert "The model `no-such-model` does not exist." in error["message"]
+
+
+def test_metrics_carry_the_names_and_labels_our_readers_use(server: ContractServer) -> None:
+    post(server, page_request(max_tokens=2, min_tokens=2))
+    text = metrics_text(server.root_url)
+    labels: dict[str, set[frozenset[str]]] = {}
+    reasons = set()
+    for line in text.splitlines():
+        match = re.match(r"^(vllm:[a-z_:]+)\{([^}]*)\} ", line)
+        if match:
+            pairs = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+            labels.setdefault(match.group(1), set()).add(frozenset(pairs))
+            if match.group(1) == SUCCESS_METRIC:
+                reasons.add(pairs["finished_reason"])
+            if match.group(1) in READ_METRICS:
+                assert pairs["model_name"] == MODEL_NAME
+    for name in READ_METRICS - {SUCCESS_METRIC}:
+        assert labels[name] == {frozenset({"engine", "model_name"})}, name
+    assert labels[SUCCESS_METRIC] == {frozenset({"engine", "finished_reason", "model_name"})}
+    assert {"stop", "length", "abort"} <= reasons
+    sample = parse_vllm_sample(text)
+    assert sample.processed_tokens is not None and sample.processed_tokens > 0
+
+
+def test_priority_is_accepted_under_fcfs(server: ContractServer) -> None:
+    response = post(server, page_request(priority=5))
+    assert response.status_code == 200, response.text
+
+
+def test_priority_scheduling_serves_the_waiting_queue_lowest_first(priority_server: ContractServer) -> None:
+    finished: list[int] = []
+    lock = threading.Lock()
+
+    def send(priority: int, **fields: Any) -> None:
+        response = post(priority_server, page_request(priority=priority, **fields), timeout=300)
+        assert response.status_code == 200, response.text
+        with lock:
+            finished.append(priority)
+
+    with ThreadPoolExecutor(4) as pool:
+        # One running request (one sequence at a time), then three queued behind it in arrival order.
+        with priority_server.long_requests(standin_s=5.0):
+            blocker = pool.submit(send, 0, max_tokens=BLOCKER_TOKENS, min_tokens=BLOCKER_TOKENS)
+            wait_for(lambda: queue(priority_server).running == 1)
+        # Each queued request then takes a moment on the stand-in too, so finishing order is serving order.
+        with priority_server.long_requests(standin_s=0.3):
+            queued = []
+            for count, priority in enumerate((10, -3, 5), start=1):
+                queued.append(pool.submit(send, priority, max_tokens=2, min_tokens=2))
+                wait_for(lambda count=count: queue(priority_server).waiting == count)
+            for future in [blocker, *queued]:
+                future.result()
+    assert finished == [0, -3, 5, 10]
+
+
+def test_structured_outputs_constrain_the_answer_to_olmocrs_front_matter(server: ContractServer) -> None:
+    body = page_request(max_tokens=200, structured_outputs={"regex": OLMOCR_FRONT_MATTER_REGEX})
+    payload = post(server, body).json()
+    content = payload["choices"][0]["message"]["content"]
+    assert re.fullmatch(OLMOCR_FRONT_MATTER_REGEX, content), content
+    assert parse_completion(payload).response.is_rotation_valid in (True, False)
+
+
+def test_an_invalid_structured_outputs_regex_is_a_400(server: ContractServer) -> None:
+    response = post(server, page_request(structured_outputs={"regex": "("}))
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "BadRequestError"
+
+
+def test_a_client_that_disconnects_frees_its_place(server: ContractServer) -> None:
+    """vLLM aborts a request whose client went away (a hedge's loser, a cancelled task): its place in
+    the batch is free again at once, not after the whole answer."""
+    body = json.dumps(page_request(max_tokens=LONG_TOKENS, min_tokens=LONG_TOKENS)).encode()
+    port = int(server.root_url.rsplit(":", 1)[1])
+    with server.long_requests(), socket.create_connection(("127.0.0.1", port)) as connection:
+        connection.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        wait_for(lambda: queue(server).running == 1)
+    wait_for(lambda: queue(server).running == 0, timeout_s=30)
