@@ -210,6 +210,11 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gpu-hour-price", type=float, help="price of one GPU hour, for the cost estimate")
     parser.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
     parser.add_argument(
+        "--guided-decoding",
+        action="store_true",
+        help="constrain answers to olmOCR's front matter (olmOCR's --guided_decoding; needs vLLM)",
+    )
+    parser.add_argument(
         "--no-adaptive-concurrency",
         action="store_true",
         help="keep --max-concurrent-requests in flight instead of adapting to vLLM's /metrics queue",
@@ -287,6 +292,7 @@ def _convert(args: argparse.Namespace) -> int:
             readiness_timeout_s=args.ready_timeout,
             max_concurrent_requests=args.max_concurrent_requests,
             verify_tls=not args.insecure,
+            guided_decoding=args.guided_decoding,
             adaptive_concurrency=not args.no_adaptive_concurrency,
             hedge_requests=not args.no_hedging,
             hedge_min_delay_s=args.hedge_min_delay,

@@ -26,6 +26,9 @@ class ConnectionSettings:
     model: str = DEFAULT_MODEL
     api_key: str | None = field(default=None, repr=False)
     verify_tls: bool = True
+    # olmOCR's --guided_decoding: answers constrained to its front matter, in the field the server's vLLM
+    # version reads (olmocr_tasks.inference.guided); off by default, as in olmOCR.
+    guided_decoding: bool = False
 
 
 @dataclass(frozen=True)

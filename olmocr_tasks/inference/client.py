@@ -21,7 +21,8 @@ What it adds over a bare HTTP client, each in answer to a failure seen with olmO
 * a readiness check of every replica before a run (``readiness`` judges it, unready replicas start
   in cool-off);
 * the run's priority class as vLLM's ``priority`` field when the deployment schedules by priority
-  (``priority``).
+  (``priority``);
+* olmOCR's guided decoding, in the field the servers' vLLM version reads (``guided``), when asked.
 
 This module keeps the HTTP exchange and the retry loop (its bookkeeping and backoff live in
 ``request_retries``); each other policy lives in its own module. The HTTP transport can be injected
@@ -59,6 +60,7 @@ from olmocr_tasks.core.errors import (
 from olmocr_tasks.core.redaction import redact_text, redact_url
 from olmocr_tasks.inference.backpressure import InFlightWindow, MetricsPoller, metrics_url_for
 from olmocr_tasks.inference.gpu_busy import GpuBusy, GpuBusyMeter
+from olmocr_tasks.inference.guided import server_field, with_guided_decoding
 from olmocr_tasks.inference.hedger import Hedger, QueueView, hedge_cap
 from olmocr_tasks.inference.hedging import HedgePolicy
 from olmocr_tasks.inference.outage import OutageBreaker
@@ -220,6 +222,9 @@ class InferenceClient:
         )
         self._poller: MetricsPoller | None = None
         self._gpu_busy = GpuBusyMeter()
+        # The field guided decoding travels in, chosen from the replicas' vLLM version before the first page.
+        self._guided_field: str | None = None
+        self._guided_lock = asyncio.Lock()
         self._closed = False
         self._requests = 0
         self._retries = 0
@@ -290,7 +295,33 @@ class InferenceClient:
         for replica in replicas:
             if replica.probe in readiness.not_ready:
                 replica.cool_off(now, COOLOFF_INITIAL_S)
+        await self._guided_decoding_field([r for r in replicas if r.probe not in readiness.not_ready])
         return readiness.models
+
+    async def _guided_decoding_field(self, replicas: list[Replica] | None = None) -> str | None:
+        """The request field guided decoding is sent in (None when it is off), asked of the replicas once.
+
+        Replicas of different vLLM generations would each need another field: a configuration error.
+        """
+        if not self._settings.connection.guided_decoding:
+            return None
+        async with self._guided_lock:
+            if self._guided_field is None:
+                timeout = httpx.Timeout(_PROBE_TIMEOUT_S)
+                asked = replicas if replicas else list(self._replicas)
+                fields = {
+                    replica.display: await server_field(
+                        self._control_http, replica.base_url, replica.display, self._headers_without_body(), timeout
+                    )
+                    for replica in asked
+                }
+                if len(set(fields.values())) > 1:
+                    raise ServerMisconfigured(
+                        "guided decoding is on, but the replicas run vLLM releases that read it from different "
+                        f"fields ({', '.join(f'{name}: {field}' for name, field in fields.items())})"
+                    )
+                self._guided_field = next(iter(fields.values()))
+            return self._guided_field
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -334,8 +365,11 @@ class InferenceClient:
 
     async def _complete_or_abort(self, body: bytes, on_hedge: Callable[[], None] | None) -> dict[str, Any]:
         concurrency = self._settings.concurrency
+        guided_field = await self._guided_decoding_field()
+        if guided_field is not None:
+            body = with_guided_decoding(body, guided_field)
         if concurrency.scheduling_policy == "priority":
-            # vLLM serves its waiting queue by this value; under fcfs it refuses the field, so it is
+            # vLLM serves its waiting queue by this value; under fcfs it would ignore the field, so it is
             # only ever added here, and bodies stay olmOCR's byte for byte otherwise.
             body = with_priority(body, concurrency.priority)
         # The retry loop runs as its own task so an opening breaker can cut short a backoff sleep or

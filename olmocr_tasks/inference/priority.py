@@ -14,8 +14,8 @@ A run's Param ``priority_class`` overrides the choice. The class is carried:
 
 * to vLLM, as the request field ``priority`` (lower is served first from its waiting queue), only when
   the connection says the deployment runs ``--scheduling-policy priority`` (extra
-  ``scheduling_policy``): vLLM refuses a non-zero ``priority`` under its default ``fcfs``, so with
-  ``fcfs`` the field is never sent and request bodies stay byte-identical to olmOCR's;
+  ``scheduling_policy``): under its default ``fcfs`` vLLM (0.32, ``tests/vllm``'s contract) accepts the
+  field and ignores it, so with ``fcfs`` it is never sent and request bodies stay byte-identical to olmOCR's;
 * to Airflow, as the convert instances' ``priority_weight`` and pool (``provider.policy``);
 * to the host: a low-priority run's convert instances run niced (``RENDER_NICE``), in Airflow only
   once another conversion run is active (``provider.competition``: the whole task process and its

@@ -64,6 +64,14 @@ def get_provider_info() -> dict[str, Any]:
                         "label": "Verify TLS certificates",
                         "schema": {"type": ["boolean", "null"], "default": ConnectionSettings.verify_tls},
                     },
+                    "guided_decoding": {
+                        "label": "Guided decoding",
+                        "description": (
+                            "Constrain answers to olmOCR's front matter (olmOCR's --guided_decoding); needs vLLM, "
+                            "whose version picks the request field."
+                        ),
+                        "schema": {"type": ["boolean", "null"], "default": ConnectionSettings.guided_decoding},
+                    },
                     "read_timeout_s": {
                         "label": "Read timeout (s)",
                         "description": (

@@ -53,7 +53,7 @@ _FLOAT_EXTRAS = (
     "hedge_multiple",
     "hedge_idle_multiple",
 )
-_BOOL_EXTRAS = ("verify_tls", "hedge_requests")
+_BOOL_EXTRAS = ("verify_tls", "hedge_requests", "guided_decoding")
 
 
 class ConnectionLike(Protocol):

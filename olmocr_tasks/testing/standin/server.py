@@ -42,6 +42,7 @@ from aiohttp import web
 from PIL import Image, UnidentifiedImageError
 
 from olmocr_tasks.core.config import DEFAULT_MODEL
+from olmocr_tasks.inference.guided import STRUCTURED_OUTPUTS, field_for_version
 from olmocr_tasks.inference.vllm_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from olmocr_tasks.inference.vllm_metrics import ServerMetrics, render_vllm_metrics
 from olmocr_tasks.page.protocol import PROMPT_V4, format_front_matter
@@ -96,7 +97,8 @@ class StandinConfig:
     # vLLM's --scheduling-policy: "fcfs" serves in arrival order and ignores a request's "priority"
     # (accepted, as vLLM 0.32 does); "priority" serves the waiting queue lowest value first.
     scheduling_policy: str = "fcfs"
-    # What GET /version reports: clients choose the guided-decoding field by it.
+    # What GET /version reports (empty: 404, as a server that is not vLLM): clients choose the
+    # guided-decoding field by it, and the stand-in honours only the field its version reads, as vLLM.
     vllm_version: str = "0.32.0"
     keep_bodies: int = 5
     log_limit: int = 100_000
@@ -279,6 +281,18 @@ def _extract_image(payload: Any) -> tuple[str, int, int]:
         except re.error as exc:
             raise _BadRequest(400, f"Grammar error: invalid regex {structured['regex']!r}: {exc}") from None
     return url[len(DATA_URL_PREFIX) :], max_tokens, len(text_part["text"])
+
+
+def _honoured_constraint(payload: dict[str, Any], version: str) -> str | None:
+    """The guided-decoding field of the request that this server's vLLM version would apply, if any."""
+    try:
+        field_read = field_for_version(version)
+    except ValueError:
+        return None
+    value = payload.get(field_read)
+    if field_read == STRUCTURED_OUTPUTS:
+        return field_read if isinstance(value, dict) and "regex" in value else None
+    return field_read if isinstance(value, str) else None
 
 
 def _png_size_from_base64(b64: str) -> tuple[int, int]:
@@ -594,6 +608,8 @@ class VllmStandin:
     async def _version(self, request: web.Request) -> web.Response:
         self._endpoint_hits[request.path] += 1
         await self._wait_gate()
+        if not self.config.vllm_version:
+            raise web.HTTPNotFound()
         return _json_response({"version": self.config.vllm_version})
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -637,6 +653,7 @@ class VllmStandin:
             "temperature": None,
             "max_tokens": None,
             "priority": 0,
+            "guided": None,
             "keys": None,
             "marker": None,
             "image_sha1": None,
@@ -764,6 +781,7 @@ class VllmStandin:
             raise _BadRequest(400, "priority must be an integer")
         # Under fcfs vLLM 0.32 accepts the field and serves in arrival order regardless.
         record["priority"] = priority
+        record["guided"] = _honoured_constraint(payload, config.vllm_version)
         return _extract_image(payload)
 
     def _choose_fault(self, marker: Marker | None, config: StandinConfig) -> str | None:
@@ -837,6 +855,9 @@ class VllmStandin:
             rotation_valid, rotation = True, 0
         text = f"Stand-in transcription of {subject}."
         finish_reason = "stop"
+        if fault == "garbage" and record.get("guided"):
+            # A constrained model cannot leave the front-matter shape.
+            fault = None
         if fault == "garbage":
             content = f"I am sorry, I cannot read {subject}."
         elif fault == "invalid_rotation":
