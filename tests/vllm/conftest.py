@@ -136,10 +136,13 @@ class VllmServers:
             raise
         return running
 
-    def stop(self) -> None:
-        if self.current is not None:
-            self._stop(self.current)
-            self.current = None
+    def stop(self) -> int | None:
+        """Stop the running server through its launcher; the launcher's exit code (None: none ran)."""
+        if self.current is None:
+            return None
+        code = self._stop(self.current)
+        self.current = None
+        return code
 
     @staticmethod
     def _stop(running: RunningVllm) -> int:

@@ -12,9 +12,7 @@ import io
 import json
 import re
 import socket
-import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -91,13 +89,6 @@ def _server(kind: str, policy: str, vllm_servers: VllmServers | None) -> Iterato
 def server(request: pytest.FixtureRequest) -> Iterator[ContractServer]:
     servers = request.getfixturevalue("vllm_servers") if request.param == "vllm" else None
     with _server(request.param, "fcfs", servers) as contract:
-        yield contract
-
-
-@pytest.fixture(params=["vllm", "standin"])
-def priority_server(request: pytest.FixtureRequest) -> Iterator[ContractServer]:
-    servers = request.getfixturevalue("vllm_servers") if request.param == "vllm" else None
-    with _server(request.param, "priority", servers) as contract:
         yield contract
 
 
@@ -198,32 +189,6 @@ def test_metrics_carry_the_names_and_labels_our_readers_use(server: ContractServ
 def test_priority_is_accepted_under_fcfs(server: ContractServer) -> None:
     response = post(server, page_request(priority=5))
     assert response.status_code == 200, response.text
-
-
-def test_priority_scheduling_serves_the_waiting_queue_lowest_first(priority_server: ContractServer) -> None:
-    finished: list[int] = []
-    lock = threading.Lock()
-
-    def send(priority: int, **fields: Any) -> None:
-        response = post(priority_server, page_request(priority=priority, **fields), timeout=300)
-        assert response.status_code == 200, response.text
-        with lock:
-            finished.append(priority)
-
-    with ThreadPoolExecutor(4) as pool:
-        # One running request (one sequence at a time), then three queued behind it in arrival order.
-        with priority_server.long_requests(standin_s=5.0):
-            blocker = pool.submit(send, 0, max_tokens=BLOCKER_TOKENS, min_tokens=BLOCKER_TOKENS)
-            wait_for(lambda: queue(priority_server).running == 1)
-        # Each queued request then takes a moment on the stand-in too, so finishing order is serving order.
-        with priority_server.long_requests(standin_s=0.3):
-            queued = []
-            for count, priority in enumerate((10, -3, 5), start=1):
-                queued.append(pool.submit(send, priority, max_tokens=2, min_tokens=2))
-                wait_for(lambda count=count: queue(priority_server).waiting == count)
-            for future in [blocker, *queued]:
-                future.result()
-    assert finished == [0, -3, 5, 10]
 
 
 def test_structured_outputs_constrain_the_answer_to_olmocrs_front_matter(server: ContractServer) -> None:

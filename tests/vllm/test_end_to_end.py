@@ -1,0 +1,74 @@
+"""``olmocr-tasks convert`` through the real vLLM: generated PDFs, the tiny random model, the page ladder.
+
+The model answers nothing when unconstrained (its front matter fails the parser, every attempt, so its
+pages fall back); with guided decoding it can only answer olmOCR's front matter, so the same pages are
+converted on the first attempt. The manifest's token counts are the server's own: they equal what its
+``/metrics`` counters grew by during the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from olmocr_tasks.inference.vllm_metrics import GENERATION_TOKENS_METRIC, PROMPT_TOKENS_METRIC
+from olmocr_tasks.location.manifest_reader import load_whole
+from olmocr_tasks.testing import pdfgen
+from tests.fixtures.cli_process import run_cli
+from tests.vllm.conftest import MODEL_NAME, RunningVllm, metrics_text
+
+PAGES = 3
+# A cold page (image encoding, first grammar compile) takes seconds on a busy 2-core machine.
+CLI_TIMEOUTS = ["--read-timeout", "300", "--ready-timeout", "60", "--outage-window", "120"]
+
+
+def _counter(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def _convert(real_vllm: RunningVllm, source: Path, out: Path, run_id: str, *flags: str) -> dict[str, Any]:
+    result = run_cli(
+        "convert",
+        str(source),
+        str(out),
+        "--server",
+        real_vllm.base_url,
+        "--model",
+        MODEL_NAME,
+        "--run-id",
+        run_id,
+        # Every request a page attempt: a hedge would add server tokens no attempt reports.
+        "--no-hedging",
+        "--max-page-retries",
+        "2",
+        *CLI_TIMEOUTS,
+        *flags,
+        timeout=900,
+    )
+    # Exit 0, or 1 when fallback pages put documents over the error budget; never an outage or usage error.
+    assert result.returncode in (0, 1), result.stderr[-3000:]
+    return load_whole(str(out / "manifests" / f"{run_id}.json"))
+
+
+def test_guided_decoding_turns_the_random_models_answers_into_converted_pages(
+    real_vllm: RunningVllm, tmp_path: Path
+) -> None:
+    source = tmp_path / "in"
+    pdfgen.write_pdf(source / "a.pdf", pdfgen.text_pdf(2, doc_id=1))
+    pdfgen.write_pdf(source / "b.pdf", pdfgen.text_pdf(1, doc_id=2))
+
+    before = metrics_text(real_vllm.root_url)
+    guided = _convert(real_vllm, source, tmp_path / "guided", "guided", "--guided-decoding")["counts"]
+    after = metrics_text(real_vllm.root_url)
+    assert (guided["converted"], guided["pages"], guided["fallback_pages"]) == (2, PAGES, 0)
+    assert guided["attempts"] == PAGES
+    # Prompt tokens of a page image are the server's count (hundreds per page), not an estimate.
+    assert guided["input_tokens"] == _counter(after, PROMPT_TOKENS_METRIC) - _counter(before, PROMPT_TOKENS_METRIC)
+    assert guided["output_tokens"] == _counter(after, GENERATION_TOKENS_METRIC) - _counter(
+        before, GENERATION_TOKENS_METRIC
+    )
+    assert guided["input_tokens"] > 100 * PAGES
+
+    unguided = _convert(real_vllm, source, tmp_path / "free", "free")["counts"]
+    assert (unguided["pages"], unguided["fallback_pages"]) == (PAGES, PAGES)
+    assert unguided["attempts"] > PAGES

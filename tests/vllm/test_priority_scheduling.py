@@ -1,0 +1,49 @@
+"""The contract under ``--scheduling-policy priority``, on the real vLLM and the stand-in alike.
+
+A file of its own, run after the fcfs tests, so the tier restarts the real server once for it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from tests.vllm.conftest import wait_for
+from tests.vllm.test_contract import BLOCKER_TOKENS, ContractServer, _server, page_request, post, queue
+
+
+@pytest.fixture(params=["vllm", "standin"])
+def priority_server(request: pytest.FixtureRequest) -> Iterator[ContractServer]:
+    servers = request.getfixturevalue("vllm_servers") if request.param == "vllm" else None
+    with _server(request.param, "priority", servers) as contract:
+        yield contract
+
+
+def test_priority_scheduling_serves_the_waiting_queue_lowest_first(priority_server: ContractServer) -> None:
+    finished: list[int] = []
+    lock = threading.Lock()
+
+    def send(priority: int, **fields: Any) -> None:
+        response = post(priority_server, page_request(priority=priority, **fields), timeout=300)
+        assert response.status_code == 200, response.text
+        with lock:
+            finished.append(priority)
+
+    with ThreadPoolExecutor(4) as pool:
+        # One running request (one sequence at a time), then three queued behind it in arrival order.
+        with priority_server.long_requests(standin_s=5.0):
+            blocker = pool.submit(send, 0, max_tokens=BLOCKER_TOKENS, min_tokens=BLOCKER_TOKENS)
+            wait_for(lambda: queue(priority_server).running == 1)
+        # Each queued request then takes a moment on the stand-in too, so finishing order is serving order.
+        with priority_server.long_requests(standin_s=0.3):
+            queued = []
+            for count, priority in enumerate((10, -3, 5), start=1):
+                queued.append(pool.submit(send, priority, max_tokens=2, min_tokens=2))
+                wait_for(lambda count=count: queue(priority_server).waiting == count)
+            for future in [blocker, *queued]:
+                future.result()
+    assert finished == [0, -3, 5, 10]
