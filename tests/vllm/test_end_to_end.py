@@ -1,9 +1,9 @@
 """``olmocr-tasks convert`` through the real vLLM: generated PDFs, the tiny random model, the page ladder.
 
 The model answers nothing when unconstrained (its front matter fails the parser, every attempt, so its
-pages fall back); with guided decoding it can only answer olmOCR's front matter, so the same pages are
-converted on the first attempt. The manifest's token counts are the server's own: they equal what its
-``/metrics`` counters grew by during the run.
+pages fall back and the documents fail over olmOCR's page error rate); with guided decoding it can only
+answer olmOCR's front matter, so the same pages are converted on the first attempt. The manifest's token
+counts are the server's own: they equal what its ``/metrics`` counters grew by during the run.
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ def test_guided_decoding_turns_the_random_models_answers_into_converted_pages(
     )
     assert guided["input_tokens"] > 100 * PAGES
 
-    unguided = _convert(real_vllm, source, tmp_path / "free", "free")["counts"]
-    assert (unguided["pages"], unguided["fallback_pages"]) == (PAGES, PAGES)
-    assert unguided["attempts"] > PAGES
+    unguided = _convert(real_vllm, source, tmp_path / "free", "free")
+    assert (unguided["counts"]["converted"], unguided["counts"]["failed"]) == (0, 2)
+    for document in unguided["documents"]:
+        assert document["error_class"] == "error_rate_exceeded"
+        assert "answer does not start with a front matter block" in document["error"]

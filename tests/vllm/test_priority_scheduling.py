@@ -15,6 +15,10 @@ import pytest
 from tests.vllm.conftest import wait_for
 from tests.vllm.test_contract import BLOCKER_TOKENS, ContractServer, _server, page_request, post, queue
 
+# Each queued request generates for a while (and holds the stand-in a moment), so one finishing is
+# over before the next starts and finishing order is serving order.
+QUEUED_TOKENS = 40
+
 
 @pytest.fixture(params=["vllm", "standin"])
 def priority_server(request: pytest.FixtureRequest) -> Iterator[ContractServer]:
@@ -42,7 +46,7 @@ def test_priority_scheduling_serves_the_waiting_queue_lowest_first(priority_serv
         with priority_server.long_requests(standin_s=0.3):
             queued = []
             for count, priority in enumerate((10, -3, 5), start=1):
-                queued.append(pool.submit(send, priority, max_tokens=2, min_tokens=2))
+                queued.append(pool.submit(send, priority, max_tokens=QUEUED_TOKENS, min_tokens=QUEUED_TOKENS))
                 wait_for(lambda count=count: queue(priority_server).waiting == count)
             for future in [blocker, *queued]:
                 future.result()
