@@ -3,7 +3,8 @@
 The model answers nothing when unconstrained (its front matter fails the parser, every attempt, so its
 pages fall back and the documents fail over olmOCR's page error rate); with guided decoding it can only
 answer olmOCR's front matter, so the same pages are converted on the first attempt. The manifest's token
-counts are the server's own: they equal what its ``/metrics`` counters grew by during the run.
+counts are the server's own: they equal what its ``/metrics`` counters grew by during the run; its cost
+is the GPU-busy time the client measured from those ``/metrics``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from olmocr_tasks.inference.vllm_metrics import GENERATION_TOKENS_METRIC, PROMPT_TOKENS_METRIC
+from olmocr_tasks.location.manifest import COST_BASIS_METRICS
 from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.testing import pdfgen
 from tests.fixtures.cli_process import run_cli
@@ -58,8 +60,14 @@ def test_guided_decoding_turns_the_random_models_answers_into_converted_pages(
     pdfgen.write_pdf(source / "b.pdf", pdfgen.text_pdf(1, doc_id=2))
 
     before = metrics_text(real_vllm.root_url)
-    guided = _convert(real_vllm, source, tmp_path / "guided", "guided", "--guided-decoding")["counts"]
+    guided_run = _convert(
+        real_vllm, source, tmp_path / "guided", "guided", "--guided-decoding", "--gpu-hour-price", "1"
+    )
     after = metrics_text(real_vllm.root_url)
+    # The cost is GPU-busy time the client measured from the real server's /metrics, not wall clock.
+    cost = guided_run["metrics"]["cost"]
+    assert cost["basis"] == COST_BASIS_METRICS and 0 < cost["gpu_seconds"] <= guided_run["metrics"]["elapsed_s"]
+    guided = guided_run["counts"]
     assert (guided["converted"], guided["pages"], guided["fallback_pages"]) == (2, PAGES, 0)
     assert guided["attempts"] == PAGES
     # Prompt tokens of a page image are the server's count (hundreds per page), not an estimate.
