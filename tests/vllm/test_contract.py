@@ -37,8 +37,6 @@ from tests.vllm.conftest import MAX_MODEL_LEN, MODEL_NAME, VllmServers, metrics_
 # on a busy machine; the stand-in is held by its latency instead.
 LONG_TOKENS = 6000
 STANDIN_HOLD_S = 120.0
-# Long enough to queue three more requests behind (seconds on a busy machine), short enough to wait for.
-BLOCKER_TOKENS = 600
 # The families backpressure, gpu_busy and the run summary read.
 READ_METRICS = {RUNNING_METRIC, WAITING_METRIC, PROMPT_TOKENS_METRIC, GENERATION_TOKENS_METRIC, SUCCESS_METRIC}
 
@@ -106,6 +104,20 @@ def page_request(text: str = "Read this page.", **fields: Any) -> dict[str, Any]
     image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_png_base64()}"}}
     message = {"role": "user", "content": [{"type": "text", "text": text}, image]}
     return {"model": MODEL_NAME, "messages": [message], "max_tokens": 20, "temperature": 0.0} | fields
+
+
+@contextmanager
+def abandoned_request(server: ContractServer, body: dict[str, Any]) -> Iterator[None]:
+    """A request sent on a connection of its own, which is closed unanswered when the block ends."""
+    encoded = json.dumps(body).encode()
+    port = int(server.root_url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as connection:
+        connection.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(encoded)}\r\n\r\n".encode()
+            + encoded
+        )
+        yield
 
 
 def post(server: ContractServer, body: dict[str, Any], timeout: float = 120.0) -> httpx.Response:
@@ -208,13 +220,9 @@ def test_an_invalid_structured_outputs_regex_is_a_400(server: ContractServer) ->
 def test_a_client_that_disconnects_frees_its_place(server: ContractServer) -> None:
     """vLLM aborts a request whose client went away (a hedge's loser, a cancelled task): its place in
     the batch is free again at once, not after the whole answer."""
-    body = json.dumps(page_request(max_tokens=LONG_TOKENS, min_tokens=LONG_TOKENS)).encode()
-    port = int(server.root_url.rsplit(":", 1)[1])
-    with server.long_requests(), socket.create_connection(("127.0.0.1", port)) as connection:
-        connection.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+    with (
+        server.long_requests(),
+        abandoned_request(server, page_request(max_tokens=LONG_TOKENS, min_tokens=LONG_TOKENS)),
+    ):
         wait_for(lambda: queue(server).running == 1)
     wait_for(lambda: queue(server).running == 0, timeout_s=30)

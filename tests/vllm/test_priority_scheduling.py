@@ -13,11 +13,21 @@ from typing import Any
 import pytest
 
 from tests.vllm.conftest import wait_for
-from tests.vllm.test_contract import BLOCKER_TOKENS, ContractServer, _server, page_request, post, queue
+from tests.vllm.test_contract import (
+    LONG_TOKENS,
+    STANDIN_HOLD_S,
+    ContractServer,
+    _server,
+    abandoned_request,
+    page_request,
+    post,
+    queue,
+)
 
-# Each queued request generates for a while (and holds the stand-in a moment), so one finishing is
-# over before the next starts and finishing order is serving order.
-QUEUED_TOKENS = 40
+# Each queued request generates for about a second (and holds the stand-in a moment), so one finishing
+# is over before the next starts and finishing order is serving order: with 40 tokens vLLM's answers
+# reached the client together, in any order.
+QUEUED_TOKENS = 200
 
 
 @pytest.fixture(params=["vllm", "standin"])
@@ -37,17 +47,26 @@ def test_priority_scheduling_serves_the_waiting_queue_lowest_first(priority_serv
         with lock:
             finished.append(priority)
 
-    with ThreadPoolExecutor(4) as pool:
-        # One running request (one sequence at a time), then three queued behind it in arrival order.
-        with priority_server.long_requests(standin_s=5.0):
-            blocker = pool.submit(send, 0, max_tokens=BLOCKER_TOKENS, min_tokens=BLOCKER_TOKENS)
-            wait_for(lambda: queue(priority_server).running == 1)
-        # Each queued request then takes a moment on the stand-in too, so finishing order is serving order.
-        with priority_server.long_requests(standin_s=0.3):
-            queued = []
-            for count, priority in enumerate((10, -3, 5), start=1):
-                queued.append(pool.submit(send, priority, max_tokens=QUEUED_TOKENS, min_tokens=QUEUED_TOKENS))
-                wait_for(lambda count=count: queue(priority_server).waiting == count)
-            for future in [blocker, *queued]:
+    blocker = page_request(priority=0, max_tokens=LONG_TOKENS, min_tokens=LONG_TOKENS)
+    standin = priority_server.standin
+    if standin is not None:
+        standin.configure(latency_s=STANDIN_HOLD_S)
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            # One running request (one sequence at a time) holds the server while three queue behind it
+            # in arrival order; its client then goes away, which frees the server for the queue.
+            with abandoned_request(priority_server, blocker):
+                wait_for(lambda: queue(priority_server).running == 1)
+                if standin is not None:
+                    # Each queued request takes a moment there too: finishing order is serving order.
+                    standin.configure(latency_s=0.3)
+                queued = []
+                for count, priority in enumerate((10, -3, 5), start=1):
+                    queued.append(pool.submit(send, priority, max_tokens=QUEUED_TOKENS, min_tokens=QUEUED_TOKENS))
+                    wait_for(lambda count=count: queue(priority_server).waiting >= count)
+            for future in queued:
                 future.result()
-    assert finished == [0, -3, 5, 10]
+    finally:
+        if standin is not None:
+            standin.configure(latency_s=0.0)
+    assert finished == [-3, 5, 10]
