@@ -85,7 +85,7 @@ class ConcurrencySettings:
     min_concurrent_requests: int = 4
     metrics_poll_interval_s: float = 1.0
     # vLLM's --scheduling-policy of the deployment ("fcfs" or "priority"); only with "priority" does
-    # every request carry the run's ``priority`` (olmocr_tasks.inference.priority), which fcfs would refuse.
+    # every request carry the run's ``priority`` (olmocr_tasks.inference.priority), which fcfs would ignore.
     scheduling_policy: str = "fcfs"
     priority: int = 0
 
