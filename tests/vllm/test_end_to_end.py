@@ -64,9 +64,11 @@ def test_guided_decoding_turns_the_random_models_answers_into_converted_pages(
         real_vllm, source, tmp_path / "guided", "guided", "--guided-decoding", "--gpu-hour-price", "1"
     )
     after = metrics_text(real_vllm.root_url)
-    # The cost is GPU-busy time the client measured from the real server's /metrics, not wall clock.
+    # The cost is GPU-busy time the client measured from the real server's /metrics, not wall clock. It
+    # may be 0: the tiny model answers a page faster than the metrics poll interval, and a burst between
+    # two polls is missed (olmocr_tasks/inference/gpu_busy.py says so), so only its bound is asserted.
     cost = guided_run["metrics"]["cost"]
-    assert cost["basis"] == COST_BASIS_METRICS and 0 < cost["gpu_seconds"] <= guided_run["metrics"]["elapsed_s"]
+    assert cost["basis"] == COST_BASIS_METRICS and 0 <= cost["gpu_seconds"] <= guided_run["metrics"]["elapsed_s"]
     guided = guided_run["counts"]
     assert (guided["converted"], guided["pages"], guided["fallback_pages"]) == (2, PAGES, 0)
     assert guided["attempts"] == PAGES
