@@ -37,7 +37,7 @@ from olmocr_tasks.core.config import (
 )
 from olmocr_tasks.core.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
 from olmocr_tasks.core.formats import FORMATS, parse_formats
-from olmocr_tasks.core.redaction import environment_secrets, install_log_redaction, redact_text
+from olmocr_tasks.core.redaction import environment_secrets, install_log_redaction, redact
 from olmocr_tasks.inference.priority import SCHEDULING_POLICIES
 from olmocr_tasks.location.manifest import SKIP_CLAIMED, SKIP_RETRY_LATER
 from olmocr_tasks.run.settings import RunSettings
@@ -687,10 +687,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"olmocr-tasks: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (ServerUnavailable, ServerNotReady) as exc:
-        print(f"olmocr-tasks: inference server unavailable: {redact_text(str(exc), secrets)}", file=sys.stderr)
+        print(f"olmocr-tasks: inference server unavailable: {redact(str(exc), secrets)}", file=sys.stderr)
         return EXIT_SERVER
     except StorageError as exc:
-        print(f"olmocr-tasks: storage unavailable: {redact_text(str(exc), secrets)}", file=sys.stderr)
+        print(f"olmocr-tasks: storage unavailable: {redact(str(exc), secrets)}", file=sys.stderr)
         return EXIT_STORAGE
     except KeyboardInterrupt:
         return 130

@@ -2,7 +2,9 @@
 
 Shared by ``make demo`` and ``make up`` so both see the same database, pool and connections. Input and
 output default to ``examples/`` and ``demo-output/``; ``OLMOCR_INPUT_URI`` / ``OLMOCR_OUTPUT_URI`` in
-the environment replace them (a local folder or ``s3://bucket/prefix/``).
+the environment replace them (a local folder or ``s3://bucket/prefix/``). The workers' allow-lists
+(``OLMOCR_ALLOWED_INPUTS`` / ``OLMOCR_ALLOWED_OUTPUTS``, closed when unset) are set explicitly to those
+two locations unless the environment names its own.
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ def output_uri() -> str:
     return os.environ.get("OLMOCR_OUTPUT_URI") or str(ROOT / "demo-output")
 
 
+def allow_lists() -> dict[str, str]:
+    """The workers' allow-lists: the environment's own, else exactly the input and the output."""
+    return {
+        "OLMOCR_ALLOWED_INPUTS": os.environ.get("OLMOCR_ALLOWED_INPUTS") or input_uri(),
+        "OLMOCR_ALLOWED_OUTPUTS": os.environ.get("OLMOCR_ALLOWED_OUTPUTS") or output_uri(),
+    }
+
+
 def vllm_connection(vllm_url: str, model: str | None) -> str:
     """``AIRFLOW_CONN_OLMOCR_VLLM`` for a server at ``vllm_url`` (``http://host:port/v1``)."""
     return json.dumps({"conn_type": "olmocr_vllm", "host": vllm_url, "extra": {"model": model} if model else {}})
@@ -50,6 +60,7 @@ def airflow_env(vllm_url: str | None = None, model: str | None = None) -> dict[s
             "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
             "OLMOCR_INPUT_URI": input_uri(),
             "OLMOCR_OUTPUT_URI": output_uri(),
+            **allow_lists(),
             "PATH": os.pathsep.join([str(BIN_DIR), os.environ.get("PATH", "")]),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }

@@ -27,7 +27,16 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from local_airflow import AIRFLOW_HOME, ROOT, airflow_env, input_uri, output_uri, prepare, vllm_connection
+from local_airflow import (
+    AIRFLOW_HOME,
+    ROOT,
+    airflow_env,
+    allow_lists,
+    input_uri,
+    output_uri,
+    prepare,
+    vllm_connection,
+)
 
 from olmocr_tasks.servers.cpu_engine import CPU_ENGINE_MODEL
 from olmocr_tasks.testing.cluster import (
@@ -83,7 +92,12 @@ def healthy(port: int) -> bool:
 
 def print_ready(port: int, login: str, topology: str) -> None:
     print(f"\nAirflow UI ({topology}): http://127.0.0.1:{port}  login: {login}", flush=True)
+    allowed = allow_lists()
     print(f"DAGs read {input_uri()} and write {output_uri()} (OLMOCR_INPUT_URI / OLMOCR_OUTPUT_URI).")
+    print(
+        f"Runs may read only {allowed['OLMOCR_ALLOWED_INPUTS']} and write only {allowed['OLMOCR_ALLOWED_OUTPUTS']} "
+        "(OLMOCR_ALLOWED_INPUTS / OLMOCR_ALLOWED_OUTPUTS)."
+    )
     print("DAGs start paused: unpause olmocr_ingest in the UI, or trigger it with the form. Ctrl-C stops.", flush=True)
 
 
@@ -122,6 +136,7 @@ def cluster_settings(engine_url: str, *, test_timings: bool = False) -> ClusterS
         "AIRFLOW_CONN_OLMOCR_VLLM": vllm_connection(engine_url, CPU_ENGINE_MODEL),
         "OLMOCR_INPUT_URI": input_uri(),
         "OLMOCR_OUTPUT_URI": output_uri(),
+        **allow_lists(),
     }
     return ClusterSettings(
         work_dir=CLUSTER_DIR,

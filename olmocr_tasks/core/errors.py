@@ -82,6 +82,13 @@ class UnreadableSourceError(DocumentError):
     error_class = "unreadable"
 
 
+class OutsideAllowedError(DocumentError):
+    """The document lies outside the inputs the deployment allows, though it was listed or named under
+    them (a symbolic link leading out, a tampered batch file): it is not opened."""
+
+    error_class = "outside_allowed"
+
+
 class AttemptFailed(OlmocrTasksError):
     """One failed page attempt: the page logic moves on to its next attempt (or the fallback page).
 

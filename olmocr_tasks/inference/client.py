@@ -57,7 +57,7 @@ from olmocr_tasks.core.errors import (
     ServerMisconfigured,
     ServerUnavailable,
 )
-from olmocr_tasks.core.redaction import redact_text, redact_url
+from olmocr_tasks.core.redaction import redact, redact_url
 from olmocr_tasks.inference.backpressure import InFlightWindow, MetricsPoller, metrics_url_for
 from olmocr_tasks.inference.gpu_busy import GpuBusy, GpuBusyMeter
 from olmocr_tasks.inference.guided import server_field, with_guided_decoding
@@ -545,13 +545,13 @@ class InferenceClient:
 
     def _describe_exception(self, exc: BaseException) -> str:
         text = str(exc) or repr(exc)
-        return redact_text(f"{type(exc).__name__}: {text}", self._secrets)[:_ERROR_SNIPPET_CHARS]
+        return redact(f"{type(exc).__name__}: {text}", self._secrets)[:_ERROR_SNIPPET_CHARS]
 
     def _snippet(self, response: httpx.Response) -> str:
         text = response.text.strip().replace("\n", " ")
         if not text:
             return ""
-        return ": " + redact_text(text, self._secrets)[:_ERROR_SNIPPET_CHARS]
+        return ": " + redact(text, self._secrets)[:_ERROR_SNIPPET_CHARS]
 
     def _headers_without_body(self) -> dict[str, str]:
         return {key: value for key, value in self._headers.items() if key != "Content-Type"}

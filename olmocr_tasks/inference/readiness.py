@@ -27,7 +27,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_
 
 from olmocr_tasks.core.config import TimeoutSettings
 from olmocr_tasks.core.errors import ServerMisconfigured, ServerNotReady
-from olmocr_tasks.core.redaction import redact_text, redact_url
+from olmocr_tasks.core.redaction import redact, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class ModelsProbe:
 
     def describe(self, exc: BaseException) -> str:
         text = str(exc) or repr(exc)
-        return redact_text(f"{type(exc).__name__}: {text}", self._secrets)[:_ERROR_SNIPPET_CHARS]
+        return redact(f"{type(exc).__name__}: {text}", self._secrets)[:_ERROR_SNIPPET_CHARS]
 
 
 async def wait_ready(

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from olmocr_tasks.core.redaction import redact
 from olmocr_tasks.inference.gpu_busy import GpuBusy
 from olmocr_tasks.location.layout import OutputLocation, shard_path, shards_folder
 from olmocr_tasks.location.manifest_overview import OverviewFolder
@@ -156,6 +157,10 @@ class DocumentEntry:
                 data[name] = list(value)
             elif isinstance(value, dict):
                 data[name] = dict(value)
+        if self.error:
+            # Whatever wrote it (the engine redacts the texts it makes; a ledger record of an older
+            # version may not have), an error text is stored and shown without secrets.
+            data["error"] = redact(self.error)
         return data
 
     @classmethod

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from olmocr_tasks.core.clock import utc_now
+from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.inference.gpu_busy import NOTHING_SENT, GpuBusy, total_gpu_busy
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.layout import OutputLocation, PlanFolder, plan_of_batch, safe_run_id
@@ -48,7 +49,9 @@ from olmocr_tasks.storage.store import Storage
 # The plan id of runs that plan once in one process (the CLI): a rerun with the same run id resumes it.
 SINGLE_PLAN = "plan"
 
-_PLAN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Plan ids and batch keys name folders and objects of the run folder, and reach a convert task through
+# XCom: letters, digits, ``_`` and ``-`` only, 1 to 64 of them, nothing else (not even a final newline).
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def new_plan_id(label: str = "p") -> str:
@@ -154,8 +157,7 @@ class RunFolder:
     """Reads and writes one plan of one run under an output location."""
 
     def __init__(self, storage: Storage, output_uri: str, run_id: str, plan_id: str = SINGLE_PLAN) -> None:
-        if not _PLAN_ID.match(plan_id):
-            raise ValueError(f"not a plan id: {plan_id!r}")
+        safe_name(plan_id, "plan id")
         self.storage = storage
         self.plan_id = plan_id
         location = OutputLocation(output_uri)
@@ -411,10 +413,15 @@ def _request_counts(data: Any) -> dict[str, int] | None:
     return {str(kind): int(count) for kind, count in data.items() if isinstance(count, int)}
 
 
+def safe_name(value: Any, what: str) -> str:
+    """``value`` if it is a safe plan id or batch key (``_SAFE_NAME``), else ``ConfigurationError`` naming ``what``."""
+    if not isinstance(value, str) or not _SAFE_NAME.fullmatch(value):
+        raise ConfigurationError(f"refused {what} {value!r}: letters, digits, _ and - only, at most 64")
+    return value
+
+
 def _checked_key(batch_key: str) -> str:
-    if not _PLAN_ID.match(batch_key):
-        raise ValueError(f"not a batch key: {batch_key!r}")
-    return batch_key
+    return safe_name(batch_key, "batch key")
 
 
 def _json(data: Any) -> bytes:

@@ -120,6 +120,21 @@ def document_limits() -> DocumentLimits:
     )
 
 
+ALLOW_HIGH_PRIORITY_ENV = "OLMOCR_ALLOW_HIGH_PRIORITY"
+
+
+def allow_high_priority() -> bool:
+    """``OLMOCR_ALLOW_HIGH_PRIORITY``: whether whoever triggers a run may ask for more than a run's share
+    of the vLLM deployment: ``priority_class`` high, or ``max_concurrent_requests`` above the vLLM
+    connection's (default false: such a run fails at plan, saying so)."""
+    raw = os.environ.get(ALLOW_HIGH_PRIORITY_ENV, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigurationError(f"{ALLOW_HIGH_PRIORITY_ENV} must be true or false, not {raw!r}")
+
+
 def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if not raw:

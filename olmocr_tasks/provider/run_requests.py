@@ -9,16 +9,17 @@ priority class and render niceness, its batching rule (Params, the deployment's 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import conf
 
-from olmocr_tasks.core.config import ConversionSettings
+from olmocr_tasks.core.config import ConversionSettings, ServerSettings
 from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.core.formats import FORMATS, parse_formats
-from olmocr_tasks.inference.priority import LOW, RENDER_NICE, VLLM_PRIORITY, run_class
+from olmocr_tasks.inference.priority import HIGH, LOW, RENDER_NICE, VLLM_PRIORITY, run_class
 from olmocr_tasks.provider import DEFAULT_CONN_ID, environment
 from olmocr_tasks.provider.hooks import VllmHook
 from olmocr_tasks.provider.params import DEFAULT_LOOKBACK_INTERVALS, DEFAULT_SCOPE, SCOPES
@@ -26,6 +27,7 @@ from olmocr_tasks.run.batching import UNMEASURED_MAX_PAGES, UNMEASURED_MAX_WAVES
 from olmocr_tasks.run.instance_costs import InstanceCosts
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.run.settings import RunSettings
+from olmocr_tasks.storage.access import AccessPolicy
 
 # Run types whose data interval is a real window of time to discover in.
 _INTERVAL_RUN_TYPES = frozenset({"scheduled", "backfill"})
@@ -104,10 +106,11 @@ def build_request(
         )
     hook = VllmHook(DEFAULT_CONN_ID)
     priority_class = run_priority_class(context, documents)
+    server = hook.server_settings(priority=VLLM_PRIORITY[priority_class])
+    if (requested := params.get("max_concurrent_requests")) is not None:
+        server = dataclasses.replace(server, max_concurrent_requests=allowed_concurrency(int(requested), server))
     settings = ConversionSettings(
-        server=hook.server_settings(
-            max_concurrent_requests=params.get("max_concurrent_requests"), priority=VLLM_PRIORITY[priority_class]
-        ),
+        server=server,
         max_page_error_rate=float(params.get("max_page_error_rate", ConversionSettings.max_page_error_rate)),
         formats=run_formats(params),
         gpu_hour_price=hook.gpu_hour_price(),
@@ -132,6 +135,8 @@ def build_request(
         retry_interval=schedule_interval(context),
         run_time=run_time(context),
         claim_expiry_s=environment.claim_expiry_s(),
+        # The workers' allow-list: each task checks the run against it (``provider.tasks``).
+        access=AccessPolicy.from_env(),
     )
 
 
@@ -150,11 +155,34 @@ def run_settings(params: Mapping[str, Any]) -> RunSettings:
 
 
 def run_priority_class(context: Mapping[str, Any], documents: Sequence[str] | None = None) -> str:
-    """This run's priority class (``olmocr_tasks.inference.priority``); ``documents`` as given to build_request."""
+    """This run's priority class (``olmocr_tasks.inference.priority``); ``documents`` as given to build_request.
+
+    A run that asks for ``high`` itself is refused unless the deployment lets runs do so
+    (``OLMOCR_ALLOW_HIGH_PRIORITY``): ``auto`` still gives high to runs that name their documents.
+    """
     params = context["params"]
     if documents is None:
         documents = params.get("documents")
-    return run_class(_value(context["dag_run"].run_type), params, names_documents=documents is not None)
+    chosen = run_class(_value(context["dag_run"].run_type), params, names_documents=documents is not None)
+    if params.get("priority_class") == HIGH and not environment.allow_high_priority():
+        raise ConfigurationError(
+            "priority_class 'high' is refused: this deployment does not let a run raise its own priority "
+            f"(set {environment.ALLOW_HIGH_PRIORITY_ENV}=true on the workers to allow it; with 'auto', a run "
+            "naming its documents is high already)"
+        )
+    return chosen
+
+
+def allowed_concurrency(requested: int, connection: ServerSettings) -> int:
+    """A run's ``max_concurrent_requests``: refused above the vLLM connection's own unless the deployment
+    allows it (``OLMOCR_ALLOW_HIGH_PRIORITY``); below it, a run may always ask for less."""
+    limit = connection.concurrency.max_concurrent_requests
+    if requested > limit and not environment.allow_high_priority():
+        raise ConfigurationError(
+            f"max_concurrent_requests {requested} is refused: it is above the vLLM connection's {limit} "
+            f"(leave it empty for the connection's, or set {environment.ALLOW_HIGH_PRIORITY_ENV}=true on the workers)"
+        )
+    return requested
 
 
 def render_nice(priority_class: str) -> int:

@@ -26,7 +26,7 @@ from olmocr_tasks.core.errors import ConfigurationError, ServerMisconfigured
 from olmocr_tasks.core.niceness import nice_process_tree
 from olmocr_tasks.location.layout import ConversionState, OutputLocation
 from olmocr_tasks.location.manifest import PAGE_COUNT_KEYS, STATUSES
-from olmocr_tasks.location.runs import new_plan_id
+from olmocr_tasks.location.runs import new_plan_id, safe_name
 from olmocr_tasks.provider.competition import CompetitionWatch, other_active_runs, polls_from_a_thread_are_safe
 from olmocr_tasks.provider.hooks import storage_for
 from olmocr_tasks.provider.lineage import report_converted, report_published
@@ -45,7 +45,6 @@ from olmocr_tasks.run.planning import plan_batches
 from olmocr_tasks.run.publishing import publish_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.run.s3_events import documents_from_asset_events
-from olmocr_tasks.storage.access import check_run_allowed
 from olmocr_tasks.storage.store import Storage
 
 log = logging.getLogger(__name__)
@@ -71,8 +70,9 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
     documents = event_documents_body(context, event_asset) if event_asset is not None else None
     try:
         request = build_request(context, documents, planning=True)
-        # Before any read or write: Params, documents and event keys inside the deployment's allow-list.
-        check_run_allowed(request.input_uri, request.output_uri, request.documents)
+        # Before any read or write: Params, documents and event keys inside the deployment's allow-list
+        # (each document is checked again, resolved, as it is planned and as it is opened).
+        request.access.check_run(request.input_uri, request.output_uri, request.documents)
         priority_class = run_priority_class(context, documents)
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
@@ -95,9 +95,18 @@ def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> lis
 
 
 def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[str, Any]:
-    """Convert one batch; its documents' entries go to a part file, a summary to XCom."""
+    """Convert one batch; its documents' entries go to a part file, a summary to XCom.
+
+    The batch descriptor comes through XCom and its sources from the run folder: both are checked
+    again here, not trusted (a safe plan id and batch key; each source against the allowed inputs
+    just before it is opened, an ``outside_allowed`` failure if it is not).
+    """
     try:
         request = build_request(context)
+        request.access.check_run(request.input_uri, request.output_uri)
+        # Read back from XCom: names of the run folder's objects only if they are safe names.
+        plan_id, batch_key = safe_name(batch.get("plan"), "plan id"), safe_name(batch.get("batch"), "batch key")
+        batch = {**batch, "plan": plan_id, "batch": batch_key}
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
     request, watch = give_way(request, lambda: other_active_runs(context))
@@ -202,6 +211,8 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
         raise AirflowSkipException("the plan task did not succeed: there is nothing to publish")
     try:
         request = build_request(context)
+        request.access.check_run(request.input_uri, request.output_uri)
+        plan_id = safe_name(plan_id, "plan id")
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
     storage = storage_for([request.input_uri, request.output_uri])

@@ -35,12 +35,14 @@ from olmocr_tasks.core.errors import (
     DocumentError,
     ErrorRateExceededError,
     InfrastructureError,
+    OutsideAllowedError,
     RenderError,
     StorageError,
     TooLargeError,
     UnreadableSourceError,
 )
 from olmocr_tasks.core.formats import check_format, read_head
+from olmocr_tasks.core.redaction import redact
 from olmocr_tasks.inference.client import InferenceClient
 from olmocr_tasks.inference.gpu_busy import GpuBusy
 from olmocr_tasks.location.claims import Blocked, Claim, ClaimBook
@@ -54,6 +56,7 @@ from olmocr_tasks.page.protocol import PROMPT_VERSION, RequestBodyBuilder
 from olmocr_tasks.page.render_pool import RenderPool
 from olmocr_tasks.page.results import DocumentResult, DocumentTotals, PageResult
 from olmocr_tasks.run.progress import ProgressReporter
+from olmocr_tasks.storage.access import AccessPolicy, LocationNotAllowedError
 from olmocr_tasks.storage.store import Storage
 from olmocr_tasks.storage.uri import is_s3
 
@@ -115,8 +118,13 @@ class ConversionEngine:
         run_time: datetime | None = None,
         retry_from: datetime | None = None,
         superseded: Callable[[], bool] | None = None,
+        access: AccessPolicy | None = None,
     ) -> None:
         self.settings = settings
+        # Checked for each document just before it is opened (``_localise``); None: anywhere.
+        self._access = access or AccessPolicy.anywhere()
+        # Removed from every error text a document's entry records (``_error_text``).
+        self._secrets = [settings.server.connection.api_key, *storage.known_secrets()]
         # Whether a later attempt of this batch has started (attempt fencing, checked with the claim).
         self._superseded = superseded
         # Each document is claimed before converting (``olmocr_tasks.location.claims``); None: no claims.
@@ -332,7 +340,7 @@ class ConversionEngine:
             await self._remember_done(source, entry)
             await self._discard_saved_pages(entry.sha256)
         except DocumentError as exc:
-            entry.error_class, entry.error = exc.error_class, str(exc) or exc.__class__.__name__
+            entry.error_class, entry.error = exc.error_class, self._error_text(str(exc) or exc.__class__.__name__)
             await self._record_failure(source, entry, held)
         except _ClaimLost as lost:
             self._lost_claim(entry, lost)
@@ -342,8 +350,8 @@ class ConversionEngine:
             raise
         except Exception as exc:
             # A bug or an unforeseen library error must not take the other documents down with it.
-            log.error("unexpected error converting %s:\n%s", source.uri, traceback.format_exc())
-            entry.error_class, entry.error = "internal_error", f"{exc.__class__.__name__}: {exc}"
+            log.error("unexpected error converting %s:\n%s", source.uri, self._error_text(traceback.format_exc()))
+            entry.error_class, entry.error = "internal_error", self._error_text(f"{exc.__class__.__name__}: {exc}")
             await self._record_failure(source, entry, held)
         finally:
             entry.seconds = round(time.monotonic() - started, 3)
@@ -415,9 +423,25 @@ class ConversionEngine:
         entry.record_totals(result.totals)
         return result
 
+    def _error_text(self, text: str) -> str:
+        """An error as a manifest records it: raw exception texts may carry keys, signed URLs, headers."""
+        return redact(text, self._secrets)
+
     async def _localise(self, source: SourceDocument) -> str:
+        """The document as a local file: a local one by its real path, an S3 object in the spool.
+
+        Checked against the run's allowed inputs first, resolved (``OutsideAllowedError``): a local
+        name whose file lies outside (a symbolic link), or a URI a tampered batch file holds, is
+        never opened. The path opened is the one the check resolved, parsed by ``local_path`` (the
+        check's own parser: a ``file://`` URI is percent-decoded for both).
+        """
+        try:
+            path = self._access.check_input(source.uri)
+        except LocationNotAllowedError as exc:
+            raise OutsideAllowedError(str(exc)) from None
+        except ValueError as exc:
+            raise UnreadableSourceError(f"{source.uri} is not a location this worker can read: {exc}") from None
         if not is_s3(source.uri):
-            path = source.uri.removeprefix("file://")
             if not os.path.isfile(path):
                 raise UnreadableSourceError(f"{source.uri} does not exist or is not a file")
             return path

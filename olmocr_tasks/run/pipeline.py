@@ -83,6 +83,7 @@ async def convert_sources(
             superseded=superseded,
             run_time=request.run_time,
             retry_from=request.run_time + request.retry_interval if request.retry_interval > timedelta(0) else None,
+            access=request.access,
         )
         async with engine:
             if check_ready:

@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
+from olmocr_tasks.core.errors import OutsideAllowedError
 from olmocr_tasks.core.formats import format_of_name
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.ledger import Ledger, LedgerSnapshot, fingerprint, source_id
@@ -27,6 +28,7 @@ from olmocr_tasks.location.runs import RunFolder, RunPlan
 from olmocr_tasks.run.batching import BatchingRule, Packing
 from olmocr_tasks.run.discovery import MissingSource, iter_documents, resolve_explicit
 from olmocr_tasks.run.request import RunRequest
+from olmocr_tasks.storage.access import LocationNotAllowedError
 from olmocr_tasks.storage.store import ObjectInfo, Storage
 from olmocr_tasks.storage.uri import is_s3, local_path
 
@@ -66,7 +68,8 @@ def iter_plan(request: RunRequest, storage: Storage, plan: RunPlan) -> Iterator[
     ``retry_later``. A reconciliation run (``redrive``: scheduled runs, a manual scope "all", the CLI)
     also re-drives the due failed versions under its input that discovery did not list, whatever their
     LastModified: a scheduled run's window alone would never see them again. ``retry_dead_letters``
-    takes dead letters back for one more try.
+    takes dead letters back for one more try. A document that lies outside the run's allowed inputs once
+    resolved (a symbolic link leading out) is not planned: it is reported failed, ``outside_allowed``.
     """
     ledger = Ledger(request.output_uri, storage, request.conversion_key)
     candidates: Iterable[ObjectInfo]
@@ -103,6 +106,9 @@ def iter_plan(request: RunRequest, storage: Storage, plan: RunPlan) -> Iterator[
     def consider(info: ObjectInfo, discovered: bool = True) -> SourceDocument | None:
         if failed_ids and discovered and source_id(info.uri) in failed_ids:
             seen.add(info.uri)
+        if (refused := outside_allowed(request, info)) is not None:
+            plan.unavailable.append(refused)
+            return None
         redriven = False
         if snapshot is not None:
             status = snapshot.status(info)
@@ -138,6 +144,21 @@ def iter_plan(request: RunRequest, storage: Storage, plan: RunPlan) -> Iterator[
                 return
             if (source := consider(info, discovered=False)) is not None:
                 yield source
+
+
+def outside_allowed(request: RunRequest, info: ObjectInfo) -> DocumentEntry | None:
+    """The failed entry of a document the run may not read (``request.access``, resolved), else None."""
+    try:
+        request.access.check_input(info.uri)
+    except LocationNotAllowedError as exc:
+        return DocumentEntry(
+            source=info.uri,
+            status="failed",
+            size=info.size,
+            error_class=OutsideAllowedError.error_class,
+            error=str(exc),
+        )
+    return None
 
 
 def _retry_from(request: RunRequest, ledger: Ledger, snapshot: LedgerSnapshot, info: ObjectInfo) -> datetime | None:

@@ -14,6 +14,7 @@ from olmocr_tasks.location.ledger import conversion_key
 from olmocr_tasks.location.runs import SINGLE_PLAN, RunFolder
 from olmocr_tasks.page.protocol import PROMPT_VERSION
 from olmocr_tasks.run.settings import RunSettings
+from olmocr_tasks.storage.access import AccessPolicy
 from olmocr_tasks.storage.store import Storage
 
 
@@ -45,6 +46,10 @@ class RunRequest:
     run_time: datetime = field(default_factory=lambda: datetime.now(UTC))
     # Seconds a document claim lasts without renewal (None: ``default_claim_expiry_s``).
     claim_expiry_s: float | None = None
+    # Where its documents may be read from: each one is checked, resolved, when planned and again just
+    # before it is opened (``storage.access``). The Airflow tasks' is the workers' allow-list; the CLI's
+    # (its user's own credentials) allows anywhere.
+    access: AccessPolicy = field(default_factory=AccessPolicy.anywhere)
 
     @property
     def claim_expiry(self) -> float:

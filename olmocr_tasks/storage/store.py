@@ -44,7 +44,7 @@ from tenacity import (
 )
 
 from olmocr_tasks.core.errors import OlmocrTasksError, StorageError, UnreadableSourceError
-from olmocr_tasks.core.redaction import environment_secrets, redact_text, redact_url, redact_urls, secret_values
+from olmocr_tasks.core.redaction import environment_secrets, redact, redact_url, secret_values
 from olmocr_tasks.storage.backends import TEMP_SUFFIX, Backend, ObjectBody, ObjectInfo
 from olmocr_tasks.storage.backends.failures import classify, is_transient, server_message
 from olmocr_tasks.storage.backends.local import LocalBackend
@@ -351,9 +351,12 @@ class Storage:
             message += " after retries"
         return StorageError(message)
 
+    def known_secrets(self) -> list[str]:
+        """The secrets this storage holds (its credentials, the process's AWS variables), for ``redact``."""
+        return [*secret_values(self._options), *environment_secrets()]
+
     def _scrub(self, text: str) -> str:
-        known: list[str | None] = [*secret_values(self._options), *environment_secrets()]
-        return redact_urls(redact_text(text, known))
+        return redact(text, self.known_secrets())
 
 
 class ObjectReader(io.RawIOBase):

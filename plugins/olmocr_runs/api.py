@@ -8,12 +8,15 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
-from olmocr_tasks.core.redaction import redact_fields, redact_url
+from olmocr_tasks.core.redaction import redact, redact_url
 
 from .access import readable
 from .dependencies import ApiRuns, MountPath, unreadable_manifest
 from .pages import MAX_PER_PAGE
 from .store import READ_ERRORS, ManifestFile
+
+# Summary fields passed through ``redact`` before they are served (the rest are counts and names).
+_REDACTED_SUMMARY_KEYS = ("server", "settings", "input_uri", "output_uri", "overview")
 
 # Entries of the documents API per request.
 MAX_API_DOCUMENTS = 1000
@@ -52,11 +55,18 @@ def api_run(run_key: str, lookup: ApiRuns, mount_path: MountPath) -> JSONRespons
     run = lookup.run(run_key)
     data = run.reader.summary
     # Writers keep secrets out already; scrubbing again costs nothing and covers older writers.
-    body = {**data, **{k: redact_fields(data[k]) for k in ("server", "settings") if k in data}}
+    body = {**data, **{k: redact(data[k]) for k in _REDACTED_SUMMARY_KEYS if k in data}}
     body["documents_api"] = _documents_api(mount_path, run.manifest)
     body["document_count"] = run.reader.document_count()
     body["dead_letter_count"] = run.reader.document_count("dead_letters")
     return JSONResponse(body)
+
+
+def _with_redacted_error(entry: object) -> object:
+    """An entry as served: its error text through ``redact`` (manifests of older writers kept it raw)."""
+    if isinstance(entry, dict) and isinstance(entry.get("error"), str):
+        return {**entry, "error": redact(entry["error"])}
+    return entry
 
 
 @router.get("/runs/{run_key}/documents", name="api_run_documents")
@@ -85,7 +95,7 @@ def api_run_documents(
             "total": total,
             "offset": offset,
             "limit": limit,
-            kind: entries,
+            kind: [_with_redacted_error(entry) for entry in entries],
             "next": f"{path}?kind={kind}&offset={after}&limit={limit}" if after < total else None,
         }
     )

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from olmocr_tasks.core.redaction import redact_fields
+from olmocr_tasks.core.redaction import redact
 from olmocr_tasks.location.manifest import COUNT_KEYS
 
 METRIC_KEYS = (
@@ -233,7 +233,7 @@ def document_row(index: int, doc: dict[str, Any]) -> DocumentRow:
         input_tokens=_int(doc.get("input_tokens")),
         output_tokens=_int(doc.get("output_tokens")),
         error_class=_text(doc.get("error_class")),
-        error=_text(doc.get("error")),
+        error=redact(_text(doc.get("error"))),
         skip_reason=_text(doc.get("skip_reason")),
         outputs=tuple(kind for kind in OUTPUT_KINDS if isinstance(outputs.get(kind), str)),
         task=doc.get("task") if isinstance(doc.get("task"), dict) else None,
@@ -324,7 +324,7 @@ def _problem(kind: str, entry: Any, airflow_base: str) -> ProblemRow:
         kind=kind,
         source=_text(entry.get("source")),
         error_class=_text(entry.get("error_class")),
-        error=_text(entry.get("error")),
+        error=redact(_text(entry.get("error"))),
         attempts=_int(entry.get("attempts")),
         failed_attempts=_int(entry.get("failed_attempts")),
         log_href=task_log_href(entry.get("task"), airflow_base),
@@ -389,10 +389,10 @@ def build_detail(key: str, data: dict[str, Any], overview: dict[str, Any], airfl
         prompt_version=_text(data.get("prompt_version")),
         package_version=_text(data.get("package_version")),
         schema_version=_text(data.get("schema_version")),
-        server=redact_fields(server) if isinstance(server, dict) else {},
-        settings=redact_fields(settings) if isinstance(settings, dict) else {},
-        input_uri=redact_fields(_text(data.get("input_uri"))),
-        output_uri=redact_fields(_text(data.get("output_uri"))),
+        server=redact(server) if isinstance(server, dict) else {},
+        settings=redact(settings) if isinstance(settings, dict) else {},
+        input_uri=redact(_text(data.get("input_uri"))),
+        output_uri=redact(_text(data.get("output_uri"))),
         failed=[_problem("failed", entry, airflow_base) for entry in failed.get("first") or []],
         failed_total=_int(failed.get("total")),
         dead_letters=[_problem("dead letter", entry, airflow_base) for entry in dead.get("first") or []],

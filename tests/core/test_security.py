@@ -129,7 +129,7 @@ def test_canary_secrets_appear_nowhere_a_run_leaves_anything(
     # 4. A server URL carrying a password, and nothing listening there.
     down_url = f"http://olmocr:{canaries['URL password']}@127.0.0.1:9/v1"
     down = run_cli(*verbose, "convert", source, target, "--server", down_url, *key, *FAST, env=cli_env)
-    assert down.returncode == 3 and "unavailable" in down.stderr and "olmocr:***@" in down.stderr
+    assert down.returncode == 3 and "unavailable" in down.stderr and "http://***@127.0.0.1:9/v1" in down.stderr
 
     # 5. In-process, the way an Airflow task runs it: plan, batch, manifest; XCom gets the summaries.
     standin.configure(api_key=canaries["API key"], latency_s=0.0)
@@ -426,7 +426,9 @@ def test_a_run_pointed_outside_the_allowed_folders_fails_before_reading_or_writi
     (inbox / "ok.pdf").write_bytes(pdfgen.text_pdf(1, 81))
     (private / "payroll.pdf").write_bytes(pdfgen.text_pdf(1, 82))
     # The deployment configures its locations; the allow-lists default to them.
-    airflow = airflow_env.with_env(OLMOCR_INPUT_URI=str(inbox), OLMOCR_OUTPUT_URI=str(out))
+    airflow = airflow_env.with_env(
+        OLMOCR_INPUT_URI=str(inbox), OLMOCR_OUTPUT_URI=str(out), OLMOCR_ALLOWED_INPUTS=None, OLMOCR_ALLOWED_OUTPUTS=None
+    )
     conf = {"documents": [str(inbox / "ok.pdf"), f"{inbox}/../private/payroll.pdf"]}
     result = airflow.dag_test("olmocr_ingest", conf=conf)
     assert result.state == "failed", result.tail()
@@ -441,6 +443,87 @@ def test_a_run_pointed_outside_the_allowed_folders_fails_before_reading_or_writi
     result = airflow.dag_test("olmocr_ingest", conf={"input_uri": str(inbox), "output_uri": str(elsewhere)})
     assert result.state == "failed" and f"output '{elsewhere}' is not allowed" in result.output
     assert _files_under(elsewhere) == [] and _files_under(out) == []
+
+
+ALLOW_LIST_VARIABLES = ("OLMOCR_ALLOWED_INPUTS", "OLMOCR_ALLOWED_OUTPUTS", "OLMOCR_INPUT_URI", "OLMOCR_OUTPUT_URI")
+
+
+def test_a_worker_without_an_allow_list_reads_and_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A deployment that configures neither ``OLMOCR_ALLOWED_*`` nor ``OLMOCR_INPUT_URI`` /
+    ``OLMOCR_OUTPUT_URI`` on its workers (a hand-made or Helm one): every task refuses, naming the
+    setting, before it reads or writes anything; ``*`` opens a side, but only when said."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from olmocr_tasks.provider import tasks
+
+    for name in ALLOW_LIST_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_OLMOCR_VLLM", vllm_connection("http://127.0.0.1:9/v1", "m/1"))
+    inbox, out = tmp_path / "inbox", tmp_path / "out"
+    inbox.mkdir()
+    (inbox / "a.pdf").write_bytes(pdfgen.text_pdf(1, 85))
+    for params in (
+        {"input_uri": str(inbox), "output_uri": str(out)},
+        {"output_uri": str(out), "documents": ["/etc/passwd", "s3://finance/payroll.pdf"]},
+    ):
+        run = RunTasks(params)
+        with pytest.raises(AirflowFailException, match="OLMOCR_ALLOWED_INPUTS") as caught:
+            run.plan()
+        assert "OLMOCR_INPUT_URI" in str(caught.value)
+        # The later tasks refuse too (a worker that lost its settings, a cleared task on another host).
+        with pytest.raises(AirflowFailException, match="no input locations are allowed"):
+            tasks.convert_body(run.ctx("convert"), {"plan": "p1-0a1b2c3d", "batch": "b00000", "documents": 1})
+        run.xcom["plan", tasks.PLAN_ID_XCOM] = "p1-0a1b2c3d"
+        with pytest.raises(AirflowFailException, match="no input locations are allowed"):
+            run.publish()
+    assert not out.exists(), "nothing may be written on a worker without an allow-list"
+
+    # Inputs said, outputs not: still closed, on the side left unsaid.
+    monkeypatch.setenv("OLMOCR_ALLOWED_INPUTS", str(inbox))
+    with pytest.raises(AirflowFailException, match="OLMOCR_ALLOWED_OUTPUTS"):
+        RunTasks({"input_uri": str(inbox), "output_uri": str(out)}).plan()
+    assert not out.exists()
+
+    # "*" said explicitly: anywhere, as before.
+    monkeypatch.setenv("OLMOCR_ALLOWED_OUTPUTS", "*")
+    assert [batch["documents"] for batch in RunTasks({"input_uri": str(inbox), "output_uri": str(out)}).plan()] == [1]
+
+
+@pytest.mark.parametrize(
+    ("plan_id", "batch_key"),
+    [
+        ("p1-0a1b2c3d\n", "b00000"),  # a final newline: what "^...$" lets through
+        ("../../../elsewhere", "b00000"),
+        ("p1-0a1b2c3d", "b00000/../../../plan"),
+        ("p1-0a1b2c3d", ""),
+        (None, "b00000"),
+        ("p" * 65, "b00000"),
+    ],
+)
+def test_convert_and_publish_refuse_names_from_xcom_that_are_not_safe(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, plan_id: Any, batch_key: Any
+) -> None:
+    """The batch descriptor and the plan id reach convert and publish through XCom, which more than the
+    plan task can write: a plan id or batch key is used only if it is a safe name, else the task fails
+    without retries, before it reads anything."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from olmocr_tasks.provider import tasks
+
+    monkeypatch.setenv("OLMOCR_ALLOWED_INPUTS", str(tmp_path / "inbox"))
+    monkeypatch.setenv("OLMOCR_ALLOWED_OUTPUTS", str(tmp_path / "out"))
+    monkeypatch.setenv("AIRFLOW_CONN_OLMOCR_VLLM", vllm_connection("http://127.0.0.1:9/v1", "m/1"))
+    run = RunTasks({"input_uri": str(tmp_path / "inbox"), "output_uri": str(tmp_path / "out")})
+    batch = {"plan": plan_id, "batch": batch_key, "label": "x", "documents": 1}
+    with pytest.raises(AirflowFailException, match=r"refused (plan id|batch key)"):
+        tasks.convert_body(run.ctx("convert"), batch)
+    if batch_key == "b00000":
+        run.xcom["plan", tasks.PLAN_ID_XCOM] = plan_id if plan_id is not None else 7
+        with pytest.raises(AirflowFailException, match="refused plan id"):
+            run.publish()
+    assert not (tmp_path / "out").exists()
 
 
 def test_event_dag_plan_body_refuses_an_event_naming_another_bucket(
@@ -475,6 +558,8 @@ def test_event_dag_plan_body_refuses_an_event_naming_another_bucket(
     }
     inbox, out = f"s3://{s3_bucket}/inbox/", f"s3://{s3_bucket}/out/"
     # The deployment configures its locations; the allow-lists default to them.
+    monkeypatch.delenv("OLMOCR_ALLOWED_INPUTS")
+    monkeypatch.delenv("OLMOCR_ALLOWED_OUTPUTS")
     monkeypatch.setenv("OLMOCR_INPUT_URI", inbox)
     monkeypatch.setenv("OLMOCR_OUTPUT_URI", out)
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", aws_connection(moto_server, DUMMY_KEY, DUMMY_SECRET, REGION))

@@ -237,6 +237,12 @@ def test_connections_resolve_to_valid_json(services, env_example):
     for key in ("OLMOCR_INPUT_URI", "OLMOCR_OUTPUT_URI", "OLMOCR_SQS_QUEUE_URL"):
         assert key in environment
     assert environment["OLMOCR_INPUT_URI"].startswith("s3://")
+    # The workers' allow-lists are said, defaulting to the input and output (a worker without them
+    # refuses every run).
+    assert environment["OLMOCR_ALLOWED_INPUTS"] == environment["OLMOCR_INPUT_URI"]
+    assert environment["OLMOCR_ALLOWED_OUTPUTS"] == environment["OLMOCR_OUTPUT_URI"]
+    anywhere = _resolved(services["airflow-worker"]["environment"], {**env_example, "OLMOCR_ALLOWED_INPUTS": "*"})
+    assert anywhere["OLMOCR_ALLOWED_INPUTS"] == "*"
     # The CPU-engine profile changes the host and the model, to the only name the engine answers to.
     cpu_env = {**env_example, "OLMOCR_VLLM_HOST": "cpu-engine", "OLMOCR_MODEL": CPU_ENGINE_MODEL}
     cpu = json.loads(_resolved(services["airflow-worker"]["environment"], cpu_env)["AIRFLOW_CONN_OLMOCR_VLLM"])

@@ -428,7 +428,7 @@ def test_outage_message_carries_no_credentials(standin_factory: Factory) -> None
                 await client.complete(page_body(1, 1))
             text = str(caught.value) + repr(client.stats())
             assert "url-password-42" not in text and SECRET not in text
-            assert "reader:***@" in repr(client.stats())
+            assert "http://***@" in repr(client.stats()) and "reader" not in repr(client.stats())
 
     run(scenario())
 

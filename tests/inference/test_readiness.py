@@ -145,7 +145,7 @@ def test_a_refused_connection_is_starting_and_its_message_carries_no_secret() ->
     assert result.detail.startswith("ConnectError: refused ***")
     assert KEY not in result.detail and "url-password-42" not in result.detail
     assert len(result.detail) == 300
-    assert one.display == "http://reader:***@vllm.test:8000/v1"
+    assert one.display == "http://***@vllm.test:8000/v1"
 
 
 def test_an_untrusted_certificate_is_misconfigured_with_what_to_do() -> None:

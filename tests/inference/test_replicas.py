@@ -28,8 +28,8 @@ def test_urls_are_built_from_the_base_without_its_trailing_slash_and_shown_witho
     one = replica("http://reader:hunter2-password@vllm.test:8000/v1/")
     assert one.base_url == "http://reader:hunter2-password@vllm.test:8000/v1"
     assert one.completions_url == "http://reader:hunter2-password@vllm.test:8000/v1/chat/completions"
-    assert one.display == "http://reader:***@vllm.test:8000/v1"
-    assert one.stats(0.0).url == "http://reader:***@vllm.test:8000/v1"
+    assert one.display == "http://***@vllm.test:8000/v1"
+    assert one.stats(0.0).url == "http://***@vllm.test:8000/v1"
 
 
 def test_a_refused_connection_benches_the_replica_at_once_for_the_initial_cool_off() -> None:

@@ -183,6 +183,46 @@ def test_build_request_explains_what_is_missing(params: dict[str, Any], message:
 
 
 @pytest.mark.usefixtures("vllm_conn")
+def test_only_the_deployment_lets_a_run_raise_its_own_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``priority_class`` high and ``max_concurrent_requests`` above the vLLM connection's are refused
+    (not clamped: the run fails at plan, saying which setting allows it) unless the workers have
+    ``OLMOCR_ALLOW_HIGH_PRIORITY``; lower classes, ``auto`` and smaller windows stay anyone's."""
+    monkeypatch.delenv("OLMOCR_ALLOW_HIGH_PRIORITY", raising=False)
+    base = {"input_uri": "s3://b/in/", "output_uri": "s3://b/out/"}
+    with pytest.raises(ConfigurationError, match=r"priority_class 'high' is refused.*OLMOCR_ALLOW_HIGH_PRIORITY"):
+        run_requests.build_request(context(base | {"priority_class": "high"}), planning=True)
+    with pytest.raises(ConfigurationError, match=r"above the vLLM connection's 64.*OLMOCR_ALLOW_HIGH_PRIORITY"):
+        run_requests.build_request(context(base | {"max_concurrent_requests": 65}), planning=True)
+    for chosen in ("low", "normal", "auto"):
+        run_requests.build_request(context(base | {"priority_class": chosen}), planning=True)
+    # auto still ranks a run that names its documents high: the class is the deployment's rule.
+    named = context(base | {"documents": ["s3://b/in/a.pdf"]})
+    assert run_requests.run_priority_class(named) == "high"
+    for window in (1, 64):
+        request = run_requests.build_request(context(base | {"max_concurrent_requests": window}), planning=True)
+        assert request.settings.server.concurrency.max_concurrent_requests == window
+
+    monkeypatch.setenv("OLMOCR_ALLOW_HIGH_PRIORITY", "true")
+    high = run_requests.build_request(context(base | {"priority_class": "high", "max_concurrent_requests": 200}))
+    assert high.settings.server.concurrency.max_concurrent_requests == 200
+    assert high.settings.server.concurrency.priority == -10
+    monkeypatch.setenv("OLMOCR_ALLOW_HIGH_PRIORITY", "perhaps")
+    with pytest.raises(ConfigurationError, match="OLMOCR_ALLOW_HIGH_PRIORITY must be true or false"):
+        run_requests.build_request(context(base | {"priority_class": "high"}))
+
+
+def test_a_run_asking_for_high_priority_fails_at_plan_before_anything_is_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, vllm_conn: None
+) -> None:
+    monkeypatch.delenv("OLMOCR_ALLOW_HIGH_PRIORITY", raising=False)
+    (tmp_path / "in").mkdir()
+    run = RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out"), "priority_class": "high"})
+    with pytest.raises(AirflowFailException, match="priority_class 'high' is refused"):
+        run.plan()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.usefixtures("vllm_conn")
 def test_tasks_after_plan_need_neither_input_nor_interval() -> None:
     # The event DAG may run without OLMOCR_INPUT_URI; convert and publish work from the plan.
     request = run_requests.build_request(context({"input_uri": None, "output_uri": "/o", "scope": "interval"}))
