@@ -23,8 +23,12 @@ PLACEHOLDER = "change-me"
 
 
 def fernet_key() -> str:
-    """What ``cryptography.fernet.Fernet.generate_key()`` returns (32 random bytes, URL-safe base64)."""
-    return base64.urlsafe_b64encode(os.urandom(32)).decode()
+    """What ``cryptography.fernet.Fernet.generate_key()`` returns (32 random bytes, URL-safe base64), not
+    starting with "-" either: like every value here it may reach a command line (1 key in 64 did)."""
+    while True:
+        value = base64.urlsafe_b64encode(os.urandom(32)).decode()
+        if not value.startswith("-"):
+            return value
 
 
 def token(length: int) -> str:
