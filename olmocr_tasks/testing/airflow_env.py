@@ -140,7 +140,9 @@ class AirflowEnv:
         summary: dict[str, Any] = {}
         for line in reversed(result.stdout.splitlines()):
             if line.startswith(RESULT_PREFIX):
-                summary = json.loads(line[len(RESULT_PREFIX) :])
+                # The first JSON value only: a log line another thread of `dags test` (OpenLineage's
+                # adapter) writes between our print's text and its newline lands on the same line.
+                summary, _ = json.JSONDecoder().raw_decode(line[len(RESULT_PREFIX) :])
                 break
         return DagTestResult(
             result.returncode,

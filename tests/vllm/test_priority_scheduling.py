@@ -63,7 +63,9 @@ def test_priority_scheduling_serves_the_waiting_queue_lowest_first(priority_serv
                 queued = []
                 for count, priority in enumerate((10, -3, 5), start=1):
                     queued.append(pool.submit(send, priority, max_tokens=QUEUED_TOKENS, min_tokens=QUEUED_TOKENS))
-                    wait_for(lambda count=count: queue(priority_server).waiting >= count)
+                    # A request is waiting only once the API server has prepared its page image, which
+                    # can take long on a loaded 2-core machine (60 s was once too short in make test).
+                    wait_for(lambda count=count: queue(priority_server).waiting >= count, timeout_s=240)
             for future in queued:
                 future.result()
     finally:
