@@ -249,12 +249,16 @@ def memory_bomb_pdf(decoded_mib: int = 1024) -> bytes:
     low = (1 + ord(" ") * length) % 65521
     high = (length + ord(" ") * length * (length + 1) // 2) % 65521
     inner = b"\x78\xda" + first + repeat * (decoded_mib - 1) + end + ((high << 16) | low).to_bytes(4, "big")
-    stream = zlib.compress(inner, 9)
+    return one_page_pdf(zlib.compress(inner, 9), b"[/FlateDecode /FlateDecode]")
+
+
+def one_page_pdf(stream: bytes, filters: bytes = b"/FlateDecode") -> bytes:
+    """A one-page Letter PDF whose page content is ``stream``, stored with ``filters``."""
     objects = [
         b"<< /Type /Catalog /Pages 2 0 R >>",
         b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
         b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>",
-        b"<< /Length %d /Filter [/FlateDecode /FlateDecode] >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        b"<< /Length %d /Filter %s >>\nstream\n" % (len(stream), filters) + stream + b"\nendstream",
     ]
     return assemble_pdf(objects)
 

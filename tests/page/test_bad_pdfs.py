@@ -42,14 +42,7 @@ def slow_page_pdf(operations: int = 3000) -> bytes:
     needs about 3 ms per polygon at 1288 px, i.e. ~10 s for the page. A real slow page rather than a
     test hook, so the whole path (engine, pool, kill, replacement, fallback) is the production one."""
     content = b"0.5 0 0 rg 10 10 m 600 20 l 20 780 l 590 770 l h f\n" * operations
-    stream = zlib.compress(content, 9)
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>",
-        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
-    ]
-    return pdfgen.assemble_pdf(objects)
+    return pdfgen.one_page_pdf(zlib.compress(content, 9))
 
 
 def with_slow_pages(doc_id: int, slow_pages: int) -> bytes:
