@@ -1,7 +1,7 @@
 """The layering rule (pyproject.toml's ``[tool.importlinter]``) holds.
 
 No lower layer of ``olmocr_tasks`` imports a higher one, nothing outside ``olmocr_tasks.provider`` imports
-Airflow, nothing in the package imports its test kit (``olmocr_tasks.testing``), and no two modules of
+Airflow, nothing in the package imports its test kit (``olmocr_testkit``), and no two modules of
 one package import each other, directly or round a loop. ``make lint`` runs
 the same check.
 """

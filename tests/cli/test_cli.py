@@ -11,8 +11,8 @@ import boto3
 import pytest
 
 from olmocr_tasks.location.manifest_reader import load_whole
-from olmocr_tasks.testing import imagegen, pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import imagegen, pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import FAST_CLI, cli_command, cli_env, run_cli
 
 

@@ -11,8 +11,8 @@ from olmocr_tasks.run.pipeline import cli_batch_key, convert_batch, run_conversi
 from olmocr_tasks.run.planning import plan_run, stream_plan
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.live_sources import LiveSourcesStorage
 
 

@@ -36,9 +36,9 @@ from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.publishing import build_manifest, publish_manifest
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.airflow_env import AirflowEnv, aws_connection, vllm_connection
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.airflow_env import AirflowEnv, aws_connection, vllm_connection
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import run_cli, start_cli
 from tests.fixtures.reader_view import assert_manifest_matches_outputs, assert_reader_view_consistent, quick_settings
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION, FaultProxy
@@ -392,7 +392,7 @@ def test_hostile_s3_keys_write_only_under_the_output_prefix(
 def test_servers_listen_on_loopback_by_default() -> None:
     from olmocr_tasks.cli import build_parser
     from olmocr_tasks.servers.cpu_engine import create_cpu_engine
-    from olmocr_tasks.testing.standin.__main__ import parse_args as standin_args
+    from olmocr_testkit.standin.__main__ import parse_args as standin_args
 
     parser = build_parser()
     assert parser.parse_args(["serve-cpu"]).host == "127.0.0.1"

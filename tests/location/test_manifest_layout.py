@@ -38,8 +38,8 @@ from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.run.settings import RunSettings
 from olmocr_tasks.storage.store import ObjectReader, Storage
 from olmocr_tasks.storage.uri import join_uri
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.manifests import manifest_header
 from tests.fixtures.reader_view import quick_settings
 

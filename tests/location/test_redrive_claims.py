@@ -28,8 +28,8 @@ from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.publishing import build_manifest
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import descendants, kill_and_reap, start_cli
 from tests.fixtures.reader_view import assert_manifest_matches_outputs
 from tests.task_context import RunTasks

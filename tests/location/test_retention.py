@@ -30,8 +30,8 @@ from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
 from olmocr_tasks.storage.uri import join_uri
-from olmocr_tasks.testing.pdfgen import text_pdf
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit.pdfgen import text_pdf
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.pages import page_result
 from tests.fixtures.reader_view import quick_settings
 

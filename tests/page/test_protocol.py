@@ -36,8 +36,8 @@ from olmocr_tasks.page.protocol import (
     temperature_for_attempt,
 )
 from olmocr_tasks.page.render_pool import RenderPool
-from olmocr_tasks.testing.page_marker import read_marker
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit.page_marker import read_marker
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import run_cli
 
 GOLDEN_DIR = Path(__file__).parents[1] / "fixtures" / "golden"

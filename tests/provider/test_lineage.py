@@ -22,9 +22,9 @@ import pytest
 from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.storage.lineage import Lineage, asset_uri, batch_lineage, manifest_lineage
 from olmocr_tasks.storage.uri import local_path
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.airflow_env import AirflowEnv
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.airflow_env import AirflowEnv
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import run_cli
 
 HOST = socket.gethostname()

@@ -20,9 +20,9 @@ from olmocr_tasks.run.pipeline import run_conversion
 from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing.airflow_env import AirflowEnv
-from olmocr_tasks.testing.pdfgen import text_pdf
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit.airflow_env import AirflowEnv
+from olmocr_testkit.pdfgen import text_pdf
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.reader_view import quick_settings
 
 DAG = "olmocr_maintenance"

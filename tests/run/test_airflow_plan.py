@@ -19,8 +19,8 @@ from olmocr_tasks.run.planning import batch_label, plan_batches, plan_run
 from olmocr_tasks.run.publishing import build_manifest, publish_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.live_sources import LiveSourcesStorage
 from tests.fixtures.reader_view import quick_settings
 

@@ -21,8 +21,8 @@ from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.access import AccessPolicy
 from olmocr_tasks.storage.store import ObjectInfo, Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.client import fast_server_settings
 
 OK_DOC, SECRET_DOC = 11, 66

@@ -25,8 +25,8 @@ from olmocr_tasks.run.pipeline import ConvertedSources, convert_sources
 from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import ObjectInfo, Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import FAST_CLI, start_cli
 from tests.fixtures.client import requests_for
 from tests.fixtures.reader_view import quick_settings

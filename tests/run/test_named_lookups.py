@@ -11,7 +11,7 @@ from olmocr_tasks.run import planning
 from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing import pdfgen
+from olmocr_testkit import pdfgen
 from tests.fixtures.s3 import FaultProxy
 
 # More done markers than one listing page holds (1,000 keys): a whole-state listing is at least two.

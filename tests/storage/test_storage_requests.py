@@ -20,8 +20,8 @@ from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.publishing import publish_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import REQUEST_KINDS, RetryPolicy, Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import FAST_CLI, run_cli
 from tests.fixtures.manifests import validated_manifest
 from tests.fixtures.reader_view import quick_settings

@@ -23,7 +23,7 @@ from olmocr_tasks.page.protocol import (
     parse_completion,
     parse_front_matter,
 )
-from olmocr_tasks.testing.standin.__main__ import parse_args
+from olmocr_testkit.standin.__main__ import parse_args
 from tests.fixtures.standin import StandinServer, marked_png, start_standin_process
 
 JSON = {"Content-Type": "application/json"}
