@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from olmocr_tasks.core.gpu_busy import GpuBusy
 from olmocr_tasks.core.redaction import redact
-from olmocr_tasks.inference.gpu_busy import GpuBusy
 from olmocr_tasks.location.layout import OutputLocation, shard_path, shards_folder
 from olmocr_tasks.location.manifest_overview import OverviewFolder
 from olmocr_tasks.page.results import DocumentTotals

@@ -40,7 +40,7 @@ from typing import Any
 
 from olmocr_tasks.core.clock import utc_now
 from olmocr_tasks.core.errors import ConfigurationError
-from olmocr_tasks.inference.gpu_busy import NOTHING_SENT, GpuBusy, total_gpu_busy
+from olmocr_tasks.core.gpu_busy import NOTHING_SENT, GpuBusy, total_gpu_busy
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.layout import OutputLocation, PlanFolder, plan_of_batch, safe_run_id
 from olmocr_tasks.location.manifest import LEFT_FOR_LATER, DocumentEntry

@@ -16,7 +16,7 @@ from typing import Any
 
 from olmocr_tasks import __version__
 from olmocr_tasks.core.clock import utc_now
-from olmocr_tasks.inference.gpu_busy import GpuBusy, total_gpu_busy
+from olmocr_tasks.core.gpu_busy import GpuBusy, total_gpu_busy
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.ledger import Ledger
 from olmocr_tasks.location.manifest import (

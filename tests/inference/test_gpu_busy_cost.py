@@ -17,7 +17,8 @@ import jsonschema
 import pytest
 
 from olmocr_tasks.core.config import ConversionSettings, ServerSettings
-from olmocr_tasks.inference.gpu_busy import GpuBusy, GpuBusyMeter, total_gpu_busy
+from olmocr_tasks.core.gpu_busy import GpuBusy, total_gpu_busy
+from olmocr_tasks.inference.gpu_busy import GpuBusyMeter
 from olmocr_tasks.inference.vllm_metrics import (
     QueueSample,
     ServerMetrics,
