@@ -2,6 +2,7 @@
 
     standin/      the vLLM stand-in server (``python -m olmocr_testkit.standin``)
     pdfgen        generated PDFs whose pages carry an identity marker (``page_marker``)
+    page_query    olmOCR's page request as a dict, for requests built by hand
     ports         free, reserved and refusing loopback ports
     airflow_env   a throw-away SQLite Airflow driven through subprocesses
     cluster       the multi-process Airflow deployment (``make up-cluster``, the deployment tests)

@@ -570,16 +570,6 @@ class ManifestWriter:
         return self.summary_uri
 
 
-def write_manifest(manifest: Manifest, storage: Storage, *, shard_entries: int = SHARD_ENTRIES) -> str:
-    """Publish a manifest built with inline entries: its entries to shards, then its summary."""
-    writer = ManifestWriter(storage, manifest.output_uri, manifest.run_id, shard_entries=shard_entries)
-    for doc in manifest.documents:
-        writer.add(doc)
-    for doc in manifest.dead_letters:
-        writer.add_dead_letter(doc)
-    return writer.commit(manifest)
-
-
 def error_budget_verdict(counts: dict[str, int], max_document_error_rate: float) -> dict[str, Any]:
     """``{"exceeded": bool, "problems": [why, ...]}`` for a run's counts (see ``Manifest.counts``)."""
     problems = []

@@ -28,10 +28,10 @@ import boto3
 import pytest
 
 from olmocr_tasks.location.layout import safe_run_id
-from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.storage.store import Storage
 from olmocr_testkit.airflow_env import REPO_ROOT, AirflowEnv, DagTestResult, base_env
 from olmocr_testkit.pdfgen import not_a_pdf, text_pdf
+from tests.fixtures.manifests import load_whole
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
 
 # Beyond a few KB an XCom is carrying data, not references.

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from pypdf import PdfReader, PdfWriter
 
-from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_testkit import pdfgen
 from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import RssSampler, start_cli
+from tests.fixtures.manifests import load_whole
 from tests.fixtures.reader_view import assert_reader_view_consistent
 
 FAST = ["--read-timeout", "10", "--outage-window", "10", "--ready-timeout", "5"]

@@ -32,7 +32,6 @@ from olmocr_tasks.core.errors import (
 from olmocr_tasks.core.formats import FORMATS
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.manifest import DocumentEntry, Manifest
-from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.provider import flow, hooks, run_requests, tasks
 from olmocr_tasks.provider import params as dag_params
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
@@ -43,6 +42,7 @@ from olmocr_tasks.run.settings import RunSettings
 from olmocr_tasks.storage.store import ObjectInfo, Storage
 from olmocr_testkit.airflow_env import REPO_ROOT, aws_connection, base_env
 from olmocr_testkit.standin.server import StandinServer
+from tests.fixtures.manifests import load_whole
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
 from tests.task_context import RunTasks, context
 
