@@ -76,6 +76,10 @@ $(STAMP): pyproject.toml constraints.txt
 	@# PYTHONDONTWRITEBYTECODE is set (as on some CI machines).
 	$(BIN)/uv pip install --quiet --compile-bytecode -p $(BIN)/python -e ".[airflow,deploy,s3,test]" \
 		-c constraints.txt
+	@# The test kit (olmocr_testkit/: the tests, bench/, scripts/, make up-cluster) is not in the wheel,
+	@# so the editable install leaves it out too: the checkout on the virtualenv's path makes it
+	@# importable from every process started with this virtualenv, whatever its working directory.
+	$(BIN)/python -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_path("purelib"), "olmocr-checkout.pth").write_text("$(CURDIR)\n")'
 	@touch $(STAMP)
 
 # Re-resolves pyproject.toml's ranges to the newest releases and rewrites the lock; review the diff, run

@@ -3,7 +3,7 @@
     flock /tmp/olmocr-bench.lock .venv/bin/python -m bench.airflow_scale \
         [--documents 10000 100000] [--skip-cli | --cli-max N]
 
-The deployment is the deployment tests' (``olmocr_tasks/testing/cluster.py``: api-server, scheduler,
+The deployment is the deployment tests' (``olmocr_testkit/cluster.py``: api-server, scheduler,
 dag-processor, triggerer, two Celery workers x 2, a fresh PostgreSQL database, Redis) with the
 ``olmocr_vllm`` pool at ``--pool-slots`` (``OLMOCR_CONVERT_SLOTS`` set to match, as compose does) beside
 the 1-slot ``olmocr_vllm_high``. The stand-in runs in the CPU-bound regime (512 x 0.01 s: rendering is
@@ -588,8 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM ends it like Ctrl-C: the record of what was measured is written, the cluster stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
-    from olmocr_tasks.testing.airflow_env import vllm_connection
-    from olmocr_tasks.testing.cluster import ADMIN_USER, AirflowApi, AirflowCluster, ClusterSettings
+    from olmocr_testkit.airflow_env import vllm_connection
+    from olmocr_testkit.cluster import ADMIN_USER, AirflowApi, AirflowCluster, ClusterSettings
 
     work = fresh_dir(WORK)
     output = work / "airflow-output"  # every Airflow run's output: the location the runs page reads

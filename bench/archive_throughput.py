@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.archive_throughput [--classes low,normal] [--pool-slots 2 4] [--repeat N]
 
-The deployment is the one the deployment tests run (``olmocr_tasks/testing/cluster.py``: api-server,
+The deployment is the one the deployment tests run (``olmocr_testkit/cluster.py``: api-server,
 scheduler, dag-processor, triggerer, two Celery workers x 2) with the defaults a user gets except the
 ``olmocr_vllm`` pool's slots (``--pool-slots``; 2 is the scenario's, the first value given; further values
 are set through the REST API between passes, e.g. 4 to match ``OLMOCR_CONVERT_SLOTS``' default) and
@@ -50,7 +50,7 @@ DAG_ID = "olmocr_ingest"
 
 
 def one_page_documents(count: int) -> Corpus:
-    from olmocr_tasks.testing.pdfgen import text_pdf
+    from olmocr_testkit.pdfgen import text_pdf
 
     folder = CORPUS_ROOT / f"one-page-{count}"
     documents = tuple((f"page{index:05d}.pdf", 1) for index in range(count))
@@ -64,7 +64,7 @@ def one_page_documents(count: int) -> Corpus:
 
 def mixed_documents(pages: int = 689, count: int = 25, seed: int = 34) -> Corpus:
     """``count`` documents of seeded lengths summing to ``pages``."""
-    from olmocr_tasks.testing.pdfgen import text_pdf
+    from olmocr_testkit.pdfgen import text_pdf
 
     rng = random.Random(seed)
     weights = [rng.uniform(0.2, 3.0) for _ in range(count)]
@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra component env")
     args = parser.parse_args(argv)
 
-    from olmocr_tasks.testing.airflow_env import vllm_connection
-    from olmocr_tasks.testing.cluster import ADMIN_USER, AirflowApi, AirflowCluster, ClusterSettings
+    from olmocr_testkit.airflow_env import vllm_connection
+    from olmocr_testkit.cluster import ADMIN_USER, AirflowApi, AirflowCluster, ClusterSettings
 
     chosen = set(args.corpora.split(","))
     corpora = {}

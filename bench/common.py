@@ -126,7 +126,7 @@ def fresh_dir(path: Path) -> Path:
 @contextmanager
 def standin(regime: Regime, **overrides: Any) -> Iterator[Any]:
     """The vLLM stand-in as a separate process (its CPU is not ours), stopped on exit."""
-    from olmocr_tasks.testing.standin.process import start_standin_process
+    from olmocr_testkit.standin.process import start_standin_process
 
     process = start_standin_process(**(regime.settings() | overrides))
     try:

@@ -79,7 +79,7 @@ def _plan(spec: CorpusSpec, seed: int, body_lines: tuple[int, int]) -> list[tupl
 
 def _write(folder: Path, documents: list[tuple[str, int, int]]) -> None:
     # Imported here: the test generator needs reportlab, which only corpus building uses.
-    from olmocr_tasks.testing.pdfgen import text_pdf
+    from olmocr_testkit.pdfgen import text_pdf
 
     folder.mkdir(parents=True, exist_ok=True)
     for doc_id, (name, pages, body_lines) in enumerate(documents, start=1):

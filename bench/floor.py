@@ -81,7 +81,7 @@ def _page_counts(paths: list[str]) -> list[int]:
 async def pipeline(paths: list[str], server: str, in_flight: int = 64) -> int:
     import httpx
 
-    from olmocr_tasks.page.protocol import build_page_query
+    from olmocr_testkit.page_query import build_page_query
 
     workers = len(os.sched_getaffinity(0))
     loop = asyncio.get_running_loop()

@@ -1,6 +1,6 @@
 """One convert instance per document versus the page rule, through a real Celery deployment.
 
-Starts the deployment tier's cluster (``olmocr_tasks.testing.cluster``: api-server, scheduler,
+Starts the deployment tier's cluster (``olmocr_testkit.cluster``: api-server, scheduler,
 dag-processor, triggerer, two Celery workers with 2 slots each, a pool of 3, PostgreSQL, Redis, moto
 S3, the vLLM stand-in) and runs ``olmocr_ingest`` by REST on two corpora, each twice: with
 ``batch_pages=1`` (every document its own instance) and with the default rule
@@ -75,9 +75,9 @@ def main() -> None:
 
     from moto.server import ThreadedMotoServer
 
-    from olmocr_tasks.testing import cluster
-    from olmocr_tasks.testing.bucket import Bucket
-    from olmocr_tasks.testing.cluster import deployment as start_deployment
+    from olmocr_testkit import cluster
+    from olmocr_testkit.bucket import Bucket
+    from olmocr_testkit.cluster import deployment as start_deployment
 
     # The rule must know how many convert instances run at once: the harness's pool has 3 slots.
     cluster_env = cluster.AirflowCluster.env

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
 
-    from olmocr_tasks.testing.pdfgen import text_pdf  # reportlab, only needed to make the document
+    from olmocr_testkit.pdfgen import text_pdf  # reportlab, only needed to make the document
 
     with tempfile.TemporaryDirectory(prefix="pool-overhead-") as folder:
         path = str(Path(folder) / "dense.pdf")

@@ -4,7 +4,7 @@ at most 5 % of its throughput).
 
     .venv/bin/python -m bench.priority [--quick]
 
-The deployment is the one the deployment tests run (``olmocr_tasks/testing/cluster.py``: api-server,
+The deployment is the one the deployment tests run (``olmocr_testkit/cluster.py``: api-server,
 scheduler, dag-processor, triggerer, two Celery workers) with the defaults a user gets, except what the
 scenario names: the ``olmocr_vllm`` pool at 2 slots and ``OLMOCR_CONVERT_SLOTS=2`` (beside it the
 1-slot ``olmocr_vllm_high`` pool compose's init creates, ``--high-priority-slots``); the stand-in at
@@ -67,7 +67,7 @@ def _finished(api: Any, run_id: str) -> dict[str, Any]:
 
 
 def _urgent_conf(work: Path, name: str, priority_class: str) -> dict[str, Any]:
-    from olmocr_tasks.testing.pdfgen import text_pdf
+    from olmocr_testkit.pdfgen import text_pdf
 
     folder = fresh_dir(work / f"urgent-{name}")
     pdf = folder / f"{name}.pdf"
@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from olmocr_tasks.testing.airflow_env import vllm_connection
-    from olmocr_tasks.testing.cluster import ADMIN_USER, AirflowApi, AirflowCluster, ClusterSettings
+    from olmocr_testkit.airflow_env import vllm_connection
+    from olmocr_testkit.cluster import ADMIN_USER, AirflowApi, AirflowCluster, ClusterSettings
 
     corpus = mixed_corpus(quick=args.quick)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

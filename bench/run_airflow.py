@@ -4,7 +4,7 @@
 plan, the mapped convert instances one after another, publish the manifest, enforce the error budget.
 Its wall time therefore includes Airflow's start-up, DAG parsing and per-task bookkeeping, which is
 exactly the overhead the Airflow path adds to the CLI. The metadata DB and the ``olmocr_vllm`` pool are
-set up once per harness session with the test suite's helper (``olmocr_tasks.testing.airflow_env.prepare``).
+set up once per harness session with the test suite's helper (``olmocr_testkit.airflow_env.prepare``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class AirflowHome:
 
     def env(self) -> Any:
         if self._env is None and self.setup_error is None:
-            from olmocr_tasks.testing.airflow_env import prepare
+            from olmocr_testkit.airflow_env import prepare
 
             try:
                 self._env = prepare(fresh_dir(self.path))
@@ -58,7 +58,7 @@ def measure_airflow(corpus: Corpus, server: str, work: Path, regime: str, home: 
     airflow_env = home.env() if reason is None else None
     if airflow_env is None:
         return Row(system, regime, corpus.pages, None, False, f"pending: {reason or home.setup_error}")
-    from olmocr_tasks.testing.airflow_env import vllm_connection
+    from olmocr_testkit.airflow_env import vllm_connection
 
     slug = f"airflow-{regime}-{corpus.folder.name}"
     output = fresh_dir(work / slug)

@@ -8,7 +8,7 @@ server-bound regime: 16 concurrent requests x 1.0 s = 16 pages/s):
 * (a) the benchmark's mixed corpus, ≥ 1,000 pages in ≥ 100 documents;
 * (b) 500 documents of 1-2 pages, where per-instance overhead dominates.
 
-The deployment is the one the deployment tests run (``olmocr_tasks/testing/cluster.py``): api-server,
+The deployment is the one the deployment tests run (``olmocr_testkit/cluster.py``): api-server,
 scheduler, dag-processor, triggerer and two Celery workers on the local PostgreSQL and Redis, started
 once; each scenario is one REST-triggered run of ``olmocr_ingest`` on a local input folder, timed from
 ``POST .../dagRuns`` until the run's manifest exists. The CLI row is ``olmocr-tasks convert`` on the
@@ -40,7 +40,7 @@ def small_documents(count: int = 500) -> Corpus:
     (``identify=False``), so ids repeat; the body text length differs instead, so that no two files
     are equal (identical bytes would be converted once and the copies skipped as duplicates).
     """
-    from olmocr_tasks.testing.pdfgen import text_pdf
+    from olmocr_testkit.pdfgen import text_pdf
 
     folder = CORPUS_ROOT / f"small-{count}-distinct"
     documents = tuple((f"small{index:04d}.pdf", 1 + index % 2) for index in range(count))
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args(argv)
 
-    from olmocr_tasks.testing.airflow_env import vllm_connection
-    from olmocr_tasks.testing.cluster import ADMIN_USER, AirflowApi, AirflowCluster, ClusterSettings
+    from olmocr_testkit.airflow_env import vllm_connection
+    from olmocr_testkit.cluster import ADMIN_USER, AirflowApi, AirflowCluster, ClusterSettings
 
     scenarios = {
         "a: mixed documents": mixed_corpus(quick=args.quick),

@@ -36,7 +36,7 @@ from bench.common import CPU_BOUND, MODEL, RESULTS_DIR, VENV_BIN, MotoBucket, fr
 from bench.measure import run_measured
 from olmocr_tasks.location.layout import SHARD_SUFFIX, OutputLocation, shards_folder
 from olmocr_tasks.location.manifest_reader import open_manifest
-from olmocr_tasks.testing.pdfgen import assemble_pdf
+from olmocr_testkit.pdfgen import assemble_pdf
 
 RESULT_FILE = RESULTS_DIR / "scale.jsonl"
 NEW_DOCUMENTS = 20

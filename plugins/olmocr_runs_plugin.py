@@ -22,9 +22,8 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends
 from olmocr_runs import create_app
 
-from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.provider.hooks import storage_for
-from olmocr_tasks.storage.store import Storage
+from olmocr_tasks.public import ConfigurationError, Storage
 
 URL_PREFIX = "/olmocr"
 # Who may see the runs of no DAG (CLI runs, and manifests whose DAG cannot be read): "operators",

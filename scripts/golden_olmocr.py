@@ -16,11 +16,11 @@ interpreter (``--olmocr-side``), where only olmOCR's own functions answer:
   cut off, over the context, without usage, malformed);
 * what its parser makes of an answer: ``FrontMatterParser(front_matter_class=PageResponse)``;
 * its retry ladder: ``olmocr.pipeline.process_page`` for a few pages against the vLLM stand-in
-  (``olmocr_tasks/testing/standin``, started here) with per-page fault scripts; the stand-in's log gives the
+  (``olmocr_testkit/standin``, started here) with per-page fault scripts; the stand-in's log gives the
   temperature and image orientation of every attempt, ``process_page`` the page it settled on.
 
 Back in the project venv the page images are reduced to their size and the page marker they show
-(``olmocr_tasks.testing.page_marker``), since our renderer (PDFium) and olmOCR's (poppler) differ in pixels, and
+(``olmocr_testkit.page_marker``), since our renderer (PDFium) and olmOCR's (poppler) differ in pixels, and
 everything lands in ``tests/fixtures/golden/``. ``tests/page/test_protocol.py`` compares our request bodies
 and our parse results with these fixtures field by field. No olmOCR code is copied here: the
 olmOCR side only calls olmOCR.
@@ -48,7 +48,7 @@ ODD_MODEL = 'odd "model"\\name-\u00e9\u4e2d'
 API_KEY = "golden-test-key"
 TARGET_DIM = 1288
 
-# name -> how olmocr_tasks.testing.pdfgen makes it (function, keyword arguments). The bytes are committed, so the
+# name -> how olmocr_testkit.pdfgen makes it (function, keyword arguments). The bytes are committed, so the
 # test renders exactly what olmOCR rendered.
 PDFS: dict[str, tuple[str, dict[str, Any]]] = {
     "letter_2p.pdf": ("text_pdf", {"pages": 2, "doc_id": 71}),
@@ -70,7 +70,7 @@ IMAGES: dict[str, tuple[dict[str, Any], str, dict[str, Any]]] = {
 }
 IMG2PDF_VERSION = "0.6.3"
 
-# The retry ladder, page by page: olmOCR's process_page against the vLLM stand-in (olmocr_tasks/testing/standin), whose
+# The retry ladder, page by page: olmOCR's process_page against the vLLM stand-in (olmocr_testkit/standin), whose
 # answers follow the page marker it sees (a sideways page makes it report the rotation) and, per page,
 # a script of faults for successive requests. name -> (pdf, page, doc id, script).
 LADDER: dict[str, tuple[str, int, int, list[str]]] = {
@@ -375,7 +375,7 @@ def _image_facts(body: str) -> tuple[str, dict[str, Any]]:
 
     from PIL import Image
 
-    from olmocr_tasks.testing.page_marker import read_marker
+    from olmocr_testkit.page_marker import read_marker
 
     prefix = '"data:image/png;base64,'
     start = body.index(prefix) + len(prefix)
@@ -413,14 +413,14 @@ def ladder_requests(records: list[dict[str, Any]]) -> dict[str, list[dict[str, A
 
 
 def _write_pdfs(folder: Path) -> None:
-    from olmocr_tasks.testing import pdfgen
+    from olmocr_testkit import pdfgen
 
     for name, (function, kwargs) in PDFS.items():
         pdfgen.write_pdf(folder / name, getattr(pdfgen, function)(**kwargs))
 
 
 def _write_images(folder: Path) -> None:
-    from olmocr_tasks.testing import imagegen
+    from olmocr_testkit import imagegen
 
     folder.mkdir(parents=True, exist_ok=True)
     for name, (arguments, image_format, options) in IMAGES.items():
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         _write_pdfs(pdf_dir)
     if not options.keep_pdfs or not all((image_dir / name).exists() for name in IMAGES):
         _write_images(image_dir)
-    from olmocr_tasks.testing.standin.process import start_standin_process
+    from olmocr_testkit.standin.process import start_standin_process
 
     side_env = olmocr_env()
     # Last on the PATH: olmOCR's own venv still answers for python and everything else.
@@ -517,12 +517,12 @@ def main(argv: list[str] | None = None) -> int:
         "image_placeholder": IMAGE_PLACEHOLDER,
         "target_longest_image_dim": TARGET_DIM,
         "pdfs": {
-            name: {"made_by": f"olmocr_tasks.testing.pdfgen.{make}", "arguments": kwargs}
+            name: {"made_by": f"olmocr_testkit.pdfgen.{make}", "arguments": kwargs}
             for name, (make, kwargs) in PDFS.items()
         },
         "images": {
             name: {
-                "made_by": "olmocr_tasks.testing.imagegen.page_image",
+                "made_by": "olmocr_testkit.imagegen.page_image",
                 "arguments": arguments,
                 "format": image_format,
                 "options": options,

@@ -3,7 +3,7 @@
 # must run in one process and in order) as a pytest process of its own, started first, its output in
 # test-output/tiers/<tier>.log (printed at the end); the rest of the suite at the same time in the
 # foreground, on $TEST_WORKERS pytest-xdist processes, then each tier named in $LATER_TIERS in the
-# foreground, one pytest process each. Afterwards olmocr_tasks/testing/tier_record.py checks that each
+# foreground, one pytest process each. Afterwards olmocr_testkit/tier_record.py checks that each
 # tier ran in one process, recorded its tests and started its deployment at most once (exactly once in
 # a run of the whole suite). Arguments go to every pytest process (paths, -k, -p no:randomly ...); a
 # process they select nothing in counts as passed, but without arguments every process must run tests.
@@ -67,7 +67,7 @@ for index in "${!tiers[@]}"; do
   passed $tier_status || status=$tier_status
 done
 
-"$python" -m olmocr_tasks.testing.tier_record "$OLMOCR_TIER_RECORD" "${checks[@]}" || { [ $status -ne 0 ] || status=1; }
+"$python" -m olmocr_testkit.tier_record "$OLMOCR_TIER_RECORD" "${checks[@]}" || { [ $status -ne 0 ] || status=1; }
 if [ "$ran_any" = 0 ]; then
   echo "make test: no test selected" >&2
   exit 5

@@ -39,7 +39,7 @@ from local_airflow import (
 )
 
 from olmocr_tasks.servers.cpu_engine import CPU_ENGINE_MODEL
-from olmocr_tasks.testing.cluster import (
+from olmocr_testkit.cluster import (
     ADMIN_USER,
     AirflowCluster,
     ClusterSettings,

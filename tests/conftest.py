@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from olmocr_tasks.testing import tier_record
+from olmocr_testkit import tier_record
 
 pytest_plugins = [
     "tests.fixtures.pdfs",

@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from olmocr_tasks.testing.cluster import REPO_ROOT, AirflowApi, answers
-from olmocr_tasks.testing.ports import PORT_ATTEMPTS, address_in_use, free_port
+from olmocr_testkit.cluster import REPO_ROOT, AirflowApi, answers
+from olmocr_testkit.ports import PORT_ATTEMPTS, address_in_use, free_port
 
 # Not in the deployment tier: it starts its own embedded Airflow (SQLite) from a clone, not the shared
 # Celery deployment, so it runs beside that tier instead of lengthening it.
@@ -155,7 +155,7 @@ def test_up_cluster_runs_with_airflows_production_timings_unless_told_test(monke
     tests' 30 s, unless ``--test-timings`` asks for them; the test deployment asks for them."""
     import importlib.util
 
-    from olmocr_tasks.testing.cluster import TEST_TIMINGS, ClusterSettings, timing_env
+    from olmocr_testkit.cluster import TEST_TIMINGS, ClusterSettings, timing_env
 
     # up.py puts scripts/ on sys.path for its helpers: undone after the test.
     monkeypatch.setattr(sys, "path", list(sys.path))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from olmocr_tasks.testing import REPO_ROOT, tier_record
+from olmocr_testkit import REPO_ROOT, tier_record
 
 
 def _write(path: Path, entries: list[dict[str, object]]) -> None:
@@ -25,7 +25,7 @@ def _write(path: Path, entries: list[dict[str, object]]) -> None:
 
 def _check(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "olmocr_tasks.testing.tier_record", str(path)],
+        [sys.executable, "-m", "olmocr_testkit.tier_record", str(path)],
         capture_output=True,
         text=True,
         check=False,
@@ -95,7 +95,7 @@ def test_an_empty_record_fails_for_a_tier_that_passed(tmp_path: Path) -> None:
 
 def _check_with(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "olmocr_tasks.testing.tier_record", str(path), *args],
+        [sys.executable, "-m", "olmocr_testkit.tier_record", str(path), *args],
         capture_output=True,
         text=True,
         check=False,
@@ -116,7 +116,7 @@ addopts = -p no:cacheprovider
 # often (the later tier's starts once at most).
 SOLO_TESTS = """import os
 import pytest
-from olmocr_tasks.testing import tier_record
+from olmocr_testkit import tier_record
 
 pytestmark = pytest.mark.deployment
 
@@ -136,7 +136,7 @@ def test_two(deployment):
 """
 LATER_TESTS = """import os
 import pytest
-from olmocr_tasks.testing import tier_record
+from olmocr_testkit import tier_record
 
 pytestmark = pytest.mark.compose
 

@@ -57,9 +57,10 @@ from olmocr_tasks.core.errors import (
     ServerMisconfigured,
     ServerUnavailable,
 )
+from olmocr_tasks.core.gpu_busy import GpuBusy
 from olmocr_tasks.core.redaction import redact, redact_url
 from olmocr_tasks.inference.backpressure import InFlightWindow, MetricsPoller, metrics_url_for
-from olmocr_tasks.inference.gpu_busy import GpuBusy, GpuBusyMeter
+from olmocr_tasks.inference.gpu_busy import GpuBusyMeter
 from olmocr_tasks.inference.guided import server_field, with_guided_decoding
 from olmocr_tasks.inference.hedger import Hedger, QueueView, hedge_cap
 from olmocr_tasks.inference.hedging import HedgePolicy

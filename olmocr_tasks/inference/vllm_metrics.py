@@ -42,17 +42,12 @@ class MetricsFormatError(ValueError):
     """The text is not a Prometheus exposition carrying vLLM's queue gauges."""
 
 
-def parse_vllm_queue(text: str) -> QueueSample:
-    """Read vLLM's running/waiting gauges from Prometheus text, summed over every label set.
-
-    vLLM labels its gauges (``model_name``, and ``engine`` with data parallelism), so one metric can
-    appear on several lines; the queue of the server is their sum.
-    """
-    return parse_vllm_sample(text).queue
-
-
 def parse_vllm_sample(text: str) -> ServerSample:
-    """The queue gauges (required) and the token counters (optional), each summed over its label sets."""
+    """The queue gauges (required) and the token counters (optional), each summed over its label sets.
+
+    vLLM labels its metrics (``model_name``, and ``engine`` with data parallelism), so one metric can
+    appear on several lines; the server's value is their sum.
+    """
     totals = _sum_metrics(text, (RUNNING_METRIC, WAITING_METRIC, PROMPT_TOKENS_METRIC, GENERATION_TOKENS_METRIC))
     missing = [name for name in (RUNNING_METRIC, WAITING_METRIC) if name not in totals]
     if missing:

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from olmocr_tasks.core.gpu_busy import GpuBusy
 from olmocr_tasks.core.redaction import redact
-from olmocr_tasks.inference.gpu_busy import GpuBusy
 from olmocr_tasks.location.layout import OutputLocation, shard_path, shards_folder
 from olmocr_tasks.location.manifest_overview import OverviewFolder
 from olmocr_tasks.page.results import DocumentTotals
@@ -568,16 +568,6 @@ class ManifestWriter:
         }
         self.storage.write_bytes_atomic(self.summary_uri, manifest.to_json(), content_type="application/json")
         return self.summary_uri
-
-
-def write_manifest(manifest: Manifest, storage: Storage, *, shard_entries: int = SHARD_ENTRIES) -> str:
-    """Publish a manifest built with inline entries: its entries to shards, then its summary."""
-    writer = ManifestWriter(storage, manifest.output_uri, manifest.run_id, shard_entries=shard_entries)
-    for doc in manifest.documents:
-        writer.add(doc)
-    for doc in manifest.dead_letters:
-        writer.add_dead_letter(doc)
-    return writer.commit(manifest)
 
 
 def error_budget_verdict(counts: dict[str, int], max_document_error_rate: float) -> dict[str, Any]:

@@ -471,8 +471,3 @@ def read_manifest(storage: Storage, output_uri: str, run_id: str) -> ManifestRea
 def open_manifest(uri: str, storage: Storage | None = None) -> ManifestReader:
     """The manifest whose summary is at ``uri`` (a local path, ``file://`` or ``s3://`` URI)."""
     return ManifestReader.open(storage or Storage(), uri)
-
-
-def load_whole(uri: str, storage: Storage | None = None) -> dict[str, Any]:
-    """``open_manifest(uri).whole()``: the schema 2 shape with every entry inline (small runs, tests)."""
-    return open_manifest(uri, storage).whole()

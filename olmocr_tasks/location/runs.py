@@ -40,7 +40,7 @@ from typing import Any
 
 from olmocr_tasks.core.clock import utc_now
 from olmocr_tasks.core.errors import ConfigurationError
-from olmocr_tasks.inference.gpu_busy import NOTHING_SENT, GpuBusy, total_gpu_busy
+from olmocr_tasks.core.gpu_busy import NOTHING_SENT, GpuBusy
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.layout import OutputLocation, PlanFolder, plan_of_batch, safe_run_id
 from olmocr_tasks.location.manifest import LEFT_FOR_LATER, DocumentEntry
@@ -145,14 +145,6 @@ class AttemptReport:
     storage_requests: dict[str, int] | None = None
 
 
-@dataclass(frozen=True)
-class RunResults:
-    """Every entry the batches reported, keyed by source URI, and the run's GPU-busy seconds (None: no batch)."""
-
-    entries: dict[str, DocumentEntry]
-    gpu_busy: GpuBusy | None
-
-
 class RunFolder:
     """Reads and writes one plan of one run under an output location."""
 
@@ -246,26 +238,6 @@ class RunFolder:
         tries = self._attempts(_checked_key(batch_key)).get(batch_key, {})
         return max(tries, default=0) + 1
 
-    def collect(self) -> dict[str, DocumentEntry]:
-        """Every entry reported by the latest started attempt of each batch, keyed by source URI."""
-        return self.collect_results().entries
-
-    def collect_results(self) -> RunResults:
-        """What the latest started attempt of each batch reported: entries, and GPU-busy seconds summed.
-
-        A finished attempt reports through its part; one that died part-way through the entries it
-        wrote. Attempts carry every earlier entry (and GPU-busy seconds) forward, so nothing outside the
-        latest is needed. The GPU-busy seconds are measured only if every batch's part measured its own.
-        """
-        entries: dict[str, DocumentEntry] = {}
-        reports: list[GpuBusy | None] = []
-        for tries in self._attempts().values():
-            report = self._read_attempt(tries[max(tries)])
-            for entry in report.entries:
-                entries[entry.source] = entry
-            reports.append(report.gpu_busy)
-        return RunResults(entries, total_gpu_busy(reports))
-
     def latest_report(self, batch_key: str) -> AttemptReport | None:
         """What the latest started attempt of one batch reported (None: no attempt started).
 
@@ -277,7 +249,9 @@ class RunFolder:
     def iter_reports(self) -> Iterator[AttemptReport]:
         """What the latest started attempt of each batch reported, one batch at a time (in key order).
 
-        The streaming form of ``collect_results``: publishing holds one batch's entries, not the run's.
+        A finished attempt reports through its part; one that died part-way through the entries it
+        wrote. Attempts carry every earlier entry (and GPU-busy seconds) forward, so nothing outside the
+        latest is needed. Publishing holds one batch's entries at a time, not the run's.
         """
         for _, tries in sorted(self._attempts().items()):
             yield self._read_attempt(tries[max(tries)])

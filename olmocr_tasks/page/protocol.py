@@ -92,24 +92,6 @@ class RequestBodyBuilder:
         return b"".join((self._head, image_png_base64, self._tail, repr(float(temperature)).encode(), b"}"))
 
 
-def build_page_query(model: str, image_png_base64: str, temperature: float, max_tokens: int = 8000) -> dict:
-    """The request as a dict (for readers and tests); ``RequestBodyBuilder`` produces its bytes."""
-    return {
-        "model": model,
-        "messages": [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": PROMPT_V4},
-                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image_png_base64}"}},
-                ],
-            }
-        ],
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-    }
-
-
 @dataclass(frozen=True)
 class PageResponse:
     """The five front-matter attributes and the page text of one model answer."""

@@ -42,9 +42,9 @@ from olmocr_tasks.core.errors import (
     UnreadableSourceError,
 )
 from olmocr_tasks.core.formats import check_format, read_head
+from olmocr_tasks.core.gpu_busy import GpuBusy
 from olmocr_tasks.core.redaction import redact
 from olmocr_tasks.inference.client import InferenceClient
-from olmocr_tasks.inference.gpu_busy import GpuBusy
 from olmocr_tasks.location.claims import Blocked, Claim, ClaimBook
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.ledger import Ledger

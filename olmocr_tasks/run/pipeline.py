@@ -24,8 +24,8 @@ from typing import Any, TextIO
 
 from olmocr_tasks.core.config import ConversionSettings
 from olmocr_tasks.core.errors import ServerMisconfigured
+from olmocr_tasks.core.gpu_busy import NOTHING_SENT, GpuBusy
 from olmocr_tasks.inference.client import InferenceClient
-from olmocr_tasks.inference.gpu_busy import NOTHING_SENT, GpuBusy
 from olmocr_tasks.location.claims import ClaimBook, ClaimHolder
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.ledger import Ledger

@@ -1,9 +1,9 @@
 """Planning a run, for the CLI and the Airflow ``plan`` task alike: what to convert, in which batches.
 
 ``iter_plan`` discovers what a run must convert (dropping what is converted already, listing dead
-letters, re-driving earlier failures that are due), source by source; ``plan_run`` holds that whole
-(tests, small tools). Both planners write it to the run folder as it goes, a slice at a time, so no
-process holds every source of the run, and write the plan, the record publishing works from, last:
+letters, re-driving earlier failures that are due), source by source. Both planners write it to the
+run folder as it goes, a slice at a time, so no process holds every source of the run, and write the
+plan, the record publishing works from, last:
 the CLI's ``stream_plan`` writes each slice as a batch; the Airflow ``plan`` task's ``plan_batches``
 packs the slices into batches by estimated pages (one object each) and returns one small descriptor
 per batch, what Airflow maps ``convert`` over.
@@ -40,13 +40,6 @@ _LABEL_CHARS = 80
 PLAN_SLICE_DOCUMENTS = 2_000
 # Batch writes in flight while the Airflow plan packs: S3's latency, not bandwidth, bounds them.
 _BATCH_WRITERS = 8
-
-
-def plan_run(request: RunRequest, storage: Storage) -> RunPlan:
-    """Discover what this run must convert, held whole (``iter_plan`` into ``RunPlan.sources``)."""
-    plan = RunPlan(sources=[])
-    plan.sources.extend(iter_plan(request, storage, plan))
-    return plan
 
 
 # A run naming at most this many documents looks each one's state up (one small listing each) instead

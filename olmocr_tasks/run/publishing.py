@@ -16,7 +16,7 @@ from typing import Any
 
 from olmocr_tasks import __version__
 from olmocr_tasks.core.clock import utc_now
-from olmocr_tasks.inference.gpu_busy import GpuBusy, total_gpu_busy
+from olmocr_tasks.core.gpu_busy import GpuBusy, total_gpu_busy
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.ledger import Ledger
 from olmocr_tasks.location.manifest import (
@@ -25,7 +25,6 @@ from olmocr_tasks.location.manifest import (
     DocumentEntry,
     Manifest,
     ManifestWriter,
-    write_manifest,
 )
 from olmocr_tasks.location.manifest_reader import ManifestReader
 from olmocr_tasks.location.runs import AttemptReport, RunFolder, RunPlan
@@ -62,49 +61,8 @@ def _manifest_header(
     )
 
 
-def build_manifest(
-    request: RunRequest,
-    plan: RunPlan,
-    entries_by_source: dict[str, DocumentEntry],
-    *,
-    gpu_busy: GpuBusy | None = None,
-    finished_at: str | None = None,
-) -> Manifest:
-    """Merge plan and results in memory; a planned document without a result is recorded as failed.
-
-    For small runs and tests, with a plan held whole (``plan_run``): ``publish_run`` does the same while
-    streaming, holding one batch at a time, and is the only one that reads a streamed plan's batches.
-    ``gpu_busy`` is what the batches measured (``RunFolder.collect_results``); without it, or when some
-    batch did not measure its own, the manifest's cost falls back to the run's wall-clock time.
-    """
-    _require_held(plan)
-    documents: list[DocumentEntry] = list(plan.unavailable)
-    for source in plan.sources:
-        entry = entries_by_source.get(source.uri)
-        if entry is None:
-            entry = _lost(source)
-        entry.redriven = source.redriven
-        documents.append(entry)
-    documents.extend(plan.left_for_later)
-    manifest = _manifest_header(request, plan, gpu_busy=gpu_busy, finished_at=finished_at)
-    manifest.documents, manifest.dead_letters = documents, plan.dead_letters
-    manifest.judge_error_budget(request.run_settings.max_document_error_rate)
-    return manifest
-
-
-def _require_held(plan: RunPlan) -> None:
-    # A streamed plan's sources are in its batches: read from ``sources`` it would lose every document.
-    if plan.streamed:
-        raise ValueError("a streamed plan keeps its sources in its batches: publish it with publish_run")
-
-
 def _lost(source: SourceDocument) -> DocumentEntry:
     return not_converted(source, "its batch did not finish (see the task log); it will be retried by the next run")
-
-
-def publish_manifest(manifest: Manifest, storage: Storage) -> str:
-    """Publish an in-memory manifest: its entries to shards, then its summary (the commit marker)."""
-    return write_manifest(manifest, storage)
 
 
 @dataclass(frozen=True)
@@ -239,16 +197,3 @@ def _mark_not_converted(request: RunRequest, storage: Storage, sources: Iterable
         ledger.mark_failed(
             source.info, NOT_CONVERTED, "its batch did not finish", request.run_id, run_time=request.run_time
         )
-
-
-def remember_not_converted(request: RunRequest, storage: Storage, plan: RunPlan, manifest: Manifest) -> int:
-    """Record each planned document no batch reported as a failure of this run, so later runs re-drive it.
-
-    Counted like any failure: a document that keeps taking its batch down becomes a dead letter.
-    (``publish_run`` does the same while it streams.) For a plan held whole, as ``build_manifest``.
-    """
-    _require_held(plan)
-    lost = {doc.source for doc in manifest.documents if doc.error_class == NOT_CONVERTED}
-    if lost:
-        _mark_not_converted(request, storage, [source for source in plan.sources if source.uri in lost])
-    return len(lost)

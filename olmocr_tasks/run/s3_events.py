@@ -59,14 +59,6 @@ def documents_from_asset_events(extras: Iterable[Mapping[str, Any] | None]) -> E
     return result
 
 
-def documents_from_messages(messages: Iterable[Mapping[str, Any]]) -> EventDocuments:
-    """Collect the PDFs named by raw SQS messages (each a dict with a ``Body``)."""
-    result = EventDocuments()
-    for message in messages:
-        _read_message(message, result)
-    return result
-
-
 def _read_event_extra(extra: Mapping[str, Any], result: EventDocuments) -> None:
     documents = extra.get("documents")
     if documents is not None:

@@ -8,7 +8,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
-from olmocr_tasks.core.redaction import redact, redact_url
+from olmocr_tasks.public import redact, redact_url
 
 from .access import readable
 from .dependencies import ApiRuns, MountPath, unreadable_manifest

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from olmocr_tasks.storage.store import Storage
+from olmocr_tasks.public import Storage
 
 from . import api, pages
 from .access import RunAccess, run_access

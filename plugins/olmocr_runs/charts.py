@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from html import escape
 from itertools import count
 
-from olmocr_tasks.location.manifest_overview import AXIS_STEPS, BIN_STEPS, format_number, histogram_bins, nice_ceiling
+from olmocr_tasks.public import AXIS_STEPS, BIN_STEPS, format_number, histogram_bins, nice_ceiling
 
 WIDTH = 560
 HEIGHT = 260

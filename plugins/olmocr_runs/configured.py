@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from olmocr_tasks.storage.store import Storage
+from olmocr_tasks.public import Storage
 
 from .store import ManifestStore
 

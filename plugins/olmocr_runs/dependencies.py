@@ -13,7 +13,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
-from olmocr_tasks.location.manifest_reader import ManifestReader
+from olmocr_tasks.public import ManifestReader
 
 from .access import RunAccess, RunAccessDep, dag_of, forbidden
 from .configured import ConfiguredLocation, not_configured_message

@@ -18,12 +18,16 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from markupsafe import Markup
 
-from olmocr_tasks.core.config import positive_number
-from olmocr_tasks.core.errors import StorageError, UnreadableSourceError
-from olmocr_tasks.core.redaction import redact_url
-from olmocr_tasks.location.manifest_reader import ManifestReader
-from olmocr_tasks.storage.access import AccessPolicy, LocationNotAllowedError
-from olmocr_tasks.storage.store import ReadLimitExceeded
+from olmocr_tasks.public import (
+    AccessPolicy,
+    LocationNotAllowedError,
+    ManifestReader,
+    ReadLimitExceeded,
+    StorageError,
+    UnreadableSourceError,
+    positive_number,
+    redact_url,
+)
 
 from . import charts
 from .access import RunAccess, RunAccessDep, dag_of, readable

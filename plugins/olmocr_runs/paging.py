@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from olmocr_tasks.location.manifest_reader import ManifestReader
+from olmocr_tasks.public import ManifestReader
 
 from .runs import DocumentRow, RunSummary, document_row
 

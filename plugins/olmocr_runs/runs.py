@@ -14,8 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from olmocr_tasks.core.redaction import redact
-from olmocr_tasks.location.manifest import COUNT_KEYS
+from olmocr_tasks.public import COUNT_KEYS, redact
 
 METRIC_KEYS = (
     "elapsed_s",

@@ -19,11 +19,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from olmocr_tasks.core.errors import StorageError, UnreadableSourceError
-from olmocr_tasks.location.layout import OutputLocation, summary_path
-from olmocr_tasks.location.manifest_overview import overview_of
-from olmocr_tasks.location.manifest_reader import ManifestFormatError, ManifestReader
-from olmocr_tasks.storage.store import Storage
+from olmocr_tasks.public import (
+    ManifestFormatError,
+    ManifestReader,
+    OutputLocation,
+    Storage,
+    StorageError,
+    UnreadableSourceError,
+    overview_of,
+    summary_path,
+)
 
 from .runs import RunSummary, summarize
 

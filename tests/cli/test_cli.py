@@ -10,10 +10,10 @@ from pathlib import Path
 import boto3
 import pytest
 
-from olmocr_tasks.location.manifest_reader import load_whole
-from olmocr_tasks.testing import imagegen, pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import imagegen, pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import FAST_CLI, cli_command, cli_env, run_cli
+from tests.fixtures.manifests import load_whole
 
 
 def test_converts_a_folder_exit_0_then_nothing_to_do(tmp_path: Path, standin: StandinServer) -> None:

@@ -8,12 +8,13 @@ from pathlib import Path
 from olmocr_tasks.core.config import ConversionSettings, ServerSettings
 from olmocr_tasks.location.manifest import DocumentEntry
 from olmocr_tasks.run.pipeline import cli_batch_key, convert_batch, run_conversion
-from olmocr_tasks.run.planning import plan_run, stream_plan
+from olmocr_tasks.run.planning import stream_plan
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.live_sources import LiveSourcesStorage
+from tests.fixtures.plans import plan_held_whole
 
 
 def _request(inbox: Path, output: Path, standin: StandinServer) -> RunRequest:
@@ -52,7 +53,7 @@ def test_a_resumed_run_converts_only_the_slices_it_had_not_finished(tmp_path: Pa
     _write_inbox(inbox, 5)
     storage = Storage()
     request = _request(inbox, output, standin)
-    plan = plan_run(request, storage)
+    plan = plan_held_whole(request, storage)
     folder = request.run_folder(storage)
     folder.write_plan(plan)
     convert_batch(request, storage, cli_batch_key(0), plan.sources[:2], folder=folder)
@@ -70,7 +71,7 @@ def test_a_plan_written_source_by_source_reads_back_whole(tmp_path: Path, standi
     _write_inbox(inbox, 3)
     storage = Storage()
     request = _request(inbox, output, standin)
-    plan = plan_run(request, storage)
+    plan = plan_held_whole(request, storage)
     plan.dead_letters.append(DocumentEntry(source=str(inbox / "gone.pdf"), status="failed", error='"sources": []'))
     folder = request.run_folder(storage)
     folder.write_plan(plan)

@@ -32,8 +32,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from olmocr_tasks.testing.cluster import REPO_ROOT, wait_until
-from olmocr_tasks.testing.ports import free_port
+from olmocr_testkit.cluster import REPO_ROOT, wait_until
+from olmocr_testkit.ports import free_port
 
 DOCKER_DIR = REPO_ROOT / "docker"
 COMPOSE_FILE = DOCKER_DIR / "compose.yaml"

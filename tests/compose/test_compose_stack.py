@@ -24,10 +24,10 @@ import httpx
 import psutil
 import pytest
 
-from olmocr_tasks.testing import tier_record
-from olmocr_tasks.testing.bucket import Bucket
-from olmocr_tasks.testing.cluster import AirflowApi, wait_until
-from olmocr_tasks.testing.pdfgen import page_line
+from olmocr_testkit import tier_record
+from olmocr_testkit.bucket import Bucket
+from olmocr_testkit.cluster import AirflowApi, wait_until
+from olmocr_testkit.pdfgen import page_line
 from tests.compose.stack import (
     BUCKET,
     Leftovers,

@@ -9,7 +9,7 @@ import pytest
 
 from olmocr_tasks.core.errors import DocumentError, EmptyDocumentError, NotPdfError, UnsupportedFormatError
 from olmocr_tasks.core.formats import FORMATS, HEAD_BYTES, check_format, detect_format, strip_document_extension
-from olmocr_tasks.testing import imagegen, pdfgen
+from olmocr_testkit import imagegen, pdfgen
 
 
 @cache

@@ -30,16 +30,17 @@ import pytest
 
 from olmocr_tasks.core.config import ServerSettings
 from olmocr_tasks.core.errors import ServerNotReady
-from olmocr_tasks.location.manifest_reader import load_whole
+from olmocr_tasks.run.batching import BatchingRule
 from olmocr_tasks.run.pipeline import convert_batch, run_conversion
-from olmocr_tasks.run.planning import plan_run
-from olmocr_tasks.run.publishing import build_manifest, publish_manifest
+from olmocr_tasks.run.planning import plan_batches
+from olmocr_tasks.run.publishing import publish_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.airflow_env import AirflowEnv, aws_connection, vllm_connection
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.airflow_env import AirflowEnv, aws_connection, vllm_connection
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import run_cli, start_cli
+from tests.fixtures.manifests import load_whole
 from tests.fixtures.reader_view import assert_manifest_matches_outputs, assert_reader_view_consistent, quick_settings
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION, FaultProxy
 from tests.task_context import RunTasks
@@ -138,13 +139,16 @@ def test_canary_secrets_appear_nowhere_a_run_leaves_anything(
     settings = quick_settings(standin.url, api_key=canaries["API key"])
     request = RunRequest(source, f"{target}-task", "task-run", settings=settings)
     storage = Storage()
-    folder = request.run_folder(storage)
-    folder.write_plan(plan_run(request, storage))
-    xcom = convert_batch(request, storage, "b0", folder.read_plan().sources).summary
-    manifest = build_manifest(request, folder.read_plan(), folder.collect())
-    publish_manifest(manifest, storage)
-    outputs["XCom of the batch"] = json.dumps(xcom)
-    outputs["manifest object"] = manifest.to_json()
+    folder = request.run_folder(storage, "p1-task")
+    batches = plan_batches(request, storage, folder, BatchingRule())
+    outputs["XCom of the plan"] = json.dumps(batches)
+    for batch in batches:
+        sources = folder.read_batch(batch["batch"])
+        xcom = convert_batch(request, storage, batch["batch"], sources, folder=folder, try_number=1).summary
+        outputs[f"XCom of batch {batch['batch']}"] = json.dumps(xcom)
+    published = publish_run(request, storage, folder, folder.read_plan())
+    outputs["XCom of the publish"] = json.dumps(published.summary())
+    outputs["manifest object"] = json.dumps(published.reader(storage).whole())
     outputs["repr of the settings"] = repr(settings) + repr(settings.server) + json.dumps(settings.public_dict())
     broken = RunRequest(source, f"{target}-broken", "x", settings=quick_settings(down_url, api_key=canaries["API key"]))
     with pytest.raises(ServerNotReady) as raised:
@@ -392,7 +396,7 @@ def test_hostile_s3_keys_write_only_under_the_output_prefix(
 def test_servers_listen_on_loopback_by_default() -> None:
     from olmocr_tasks.cli import build_parser
     from olmocr_tasks.servers.cpu_engine import create_cpu_engine
-    from olmocr_tasks.testing.standin.__main__ import parse_args as standin_args
+    from olmocr_testkit.standin.__main__ import parse_args as standin_args
 
     parser = build_parser()
     assert parser.parse_args(["serve-cpu"]).host == "127.0.0.1"

@@ -1,6 +1,6 @@
 """The DAGs on a real Airflow: DagBag integrity, structure, and whole manual runs with ``dag.test()``.
 
-Runs go through ``olmocr_tasks.testing.airflow_env`` (one subprocess per DAG run, SQLite metadata DB, the vLLM
+Runs go through ``olmocr_testkit.airflow_env`` (one subprocess per DAG run, SQLite metadata DB, the vLLM
 stand-in, S3 on the moto server) and are judged by what they leave behind: the manifest and outputs
 they publish, the run's state, task states and XCom sizes in the metadata DB, asset events.
 
@@ -28,10 +28,10 @@ import boto3
 import pytest
 
 from olmocr_tasks.location.layout import safe_run_id
-from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing.airflow_env import REPO_ROOT, AirflowEnv, DagTestResult, base_env
-from olmocr_tasks.testing.pdfgen import not_a_pdf, text_pdf
+from olmocr_testkit.airflow_env import REPO_ROOT, AirflowEnv, DagTestResult, base_env
+from olmocr_testkit.pdfgen import not_a_pdf, text_pdf
+from tests.fixtures.manifests import load_whole
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
 
 # Beyond a few KB an XCom is carrying data, not references.

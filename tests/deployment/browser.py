@@ -6,7 +6,7 @@ from urllib.parse import quote
 
 from playwright.sync_api import Page
 
-from olmocr_tasks.testing.cluster import ADMIN_USER, Deployment
+from olmocr_testkit.cluster import ADMIN_USER, Deployment
 
 
 def log_in(page: Page, deployment: Deployment, next_path: str = "/") -> None:

@@ -1,4 +1,4 @@
-"""The deployment tier: one real Airflow deployment (``olmocr_tasks.testing.cluster``), shared by this folder.
+"""The deployment tier: one real Airflow deployment (``olmocr_testkit.cluster``), shared by this folder.
 
 Starting it costs one to three minutes on a loaded 2-core machine, so it is started once; it is
 package-scoped, so it stops as soon as the last test here has run instead of idling through the
@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from olmocr_tasks.testing.bucket import Bucket
-from olmocr_tasks.testing.cluster import Deployment
-from olmocr_tasks.testing.cluster import deployment as start_deployment
+from olmocr_testkit.bucket import Bucket
+from olmocr_testkit.cluster import Deployment
+from olmocr_testkit.cluster import deployment as start_deployment
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from olmocr_tasks.testing.bucket import Bucket
+from olmocr_testkit.bucket import Bucket
 
 
 def sources(manifest: dict[str, Any]) -> list[str]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from olmocr_tasks.testing.bucket import Bucket
-from olmocr_tasks.testing.cluster import Deployment, wait_until
+from olmocr_testkit.bucket import Bucket
+from olmocr_testkit.cluster import Deployment, wait_until
 
 DAG = "olmocr_ingest"
 MINUTE = timedelta(minutes=1)

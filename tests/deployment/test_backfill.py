@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from olmocr_tasks.testing.bucket import Bucket, split_s3
-from olmocr_tasks.testing.cluster import Deployment, wait_until
+from olmocr_testkit.bucket import Bucket, split_s3
+from olmocr_testkit.cluster import Deployment, wait_until
 from tests.deployment.published import assert_outputs_name_their_pages, converted, sources, statuses
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]

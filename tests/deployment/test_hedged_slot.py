@@ -10,8 +10,8 @@ from datetime import datetime
 import pytest
 
 from olmocr_tasks.core.config import ServerSettings
-from olmocr_tasks.testing.bucket import Bucket
-from olmocr_tasks.testing.cluster import Deployment
+from olmocr_testkit.bucket import Bucket
+from olmocr_testkit.cluster import Deployment
 from tests.deployment.published import converted
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(600)]

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from olmocr_tasks.testing.bucket import Bucket
-from olmocr_tasks.testing.cluster import Deployment
+from olmocr_testkit.bucket import Bucket
+from olmocr_testkit.cluster import Deployment
 from tests.deployment.published import assert_outputs_name_their_pages, converted, documents, sources
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]

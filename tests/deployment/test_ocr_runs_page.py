@@ -12,8 +12,8 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, expect
 
-from olmocr_tasks.testing.bucket import Bucket
-from olmocr_tasks.testing.cluster import Deployment
+from olmocr_testkit.bucket import Bucket
+from olmocr_testkit.cluster import Deployment
 from tests.deployment.browser import log_in
 from tests.deployment.published import converted, sources
 from tests.fixtures.browser import SCREENSHOTS

@@ -39,8 +39,8 @@ import httpx
 import pytest
 
 from olmocr_tasks.location.layout import safe_run_id
-from olmocr_tasks.testing.bucket import Bucket
-from olmocr_tasks.testing.cluster import Deployment, wait_until
+from olmocr_testkit.bucket import Bucket
+from olmocr_testkit.cluster import Deployment, wait_until
 from tests.deployment.published import converted, documents, only, sources, statuses
 from tests.deployment.schedule import (
     MINUTE,

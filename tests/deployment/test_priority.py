@@ -20,8 +20,8 @@ import pytest
 
 from olmocr_tasks.inference.priority import AIRFLOW_WEIGHT, HIGH, LOW, VLLM_PRIORITY
 from olmocr_tasks.run.batching import DEFAULT_BYTES_PER_PAGE
-from olmocr_tasks.testing.bucket import Bucket
-from olmocr_tasks.testing.cluster import HIGH_PRIORITY_POOL, POOL, Deployment, wait_until
+from olmocr_testkit.bucket import Bucket
+from olmocr_testkit.cluster import HIGH_PRIORITY_POOL, POOL, Deployment, wait_until
 from tests.deployment.published import converted
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(900)]

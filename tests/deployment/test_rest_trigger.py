@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from olmocr_tasks.location.manifest import manifest_uri
-from olmocr_tasks.testing.bucket import Bucket
-from olmocr_tasks.testing.cluster import CONSUMER_DAG, Deployment, wait_until
+from olmocr_testkit.bucket import Bucket
+from olmocr_testkit.cluster import CONSUMER_DAG, Deployment, wait_until
 from tests.deployment.published import assert_outputs_name_their_pages, converted, sources
 
 # The first test of a session also pays for starting the deployment (one to three minutes on a

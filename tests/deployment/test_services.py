@@ -1,4 +1,4 @@
-"""The throwaway PostgreSQL and Redis ``olmocr_tasks.testing.cluster`` starts where none answers on 127.0.0.1.
+"""The throwaway PostgreSQL and Redis ``olmocr_testkit.cluster`` starts where none answers on 127.0.0.1.
 
 CI's machines and this one run both servers, so the tier normally uses them; this test forces the
 other path, so a fresh machine (where ``make test`` installs Debian's postgresql and redis-server)
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from olmocr_tasks.testing import cluster, ports
-from olmocr_tasks.testing.cluster import Postgres, Redis, answers
+from olmocr_testkit import cluster, ports
+from olmocr_testkit.cluster import Postgres, Redis, answers
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(300)]
 

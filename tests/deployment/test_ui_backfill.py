@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page
 
-from olmocr_tasks.testing.bucket import Bucket
-from olmocr_tasks.testing.cluster import Deployment, wait_until
+from olmocr_testkit.bucket import Bucket
+from olmocr_testkit.cluster import Deployment, wait_until
 from tests.deployment.browser import log_in
 from tests.deployment.published import converted, only, statuses
 

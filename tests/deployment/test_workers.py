@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from olmocr_tasks.testing.bucket import Bucket
-from olmocr_tasks.testing.cluster import POOL, Deployment, signal_each, wait_until
+from olmocr_testkit.bucket import Bucket
+from olmocr_testkit.cluster import POOL, Deployment, signal_each, wait_until
 from tests.deployment.published import assert_outputs_name_their_pages, converted, documents, sources, statuses
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]

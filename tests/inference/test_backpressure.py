@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from olmocr_tasks.inference.backpressure import AdaptiveLimiter, AimdController, high_water, target_waiting
-from olmocr_tasks.inference.vllm_metrics import MetricsFormatError, QueueSample, parse_vllm_queue
+from olmocr_tasks.inference.vllm_metrics import MetricsFormatError, QueueSample, parse_vllm_sample
 
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -24,7 +24,7 @@ vllm:request_success_total{finished_reason="stop"} 1234.0
 
 
 def test_parse_sums_label_sets_and_ignores_other_metrics() -> None:
-    assert parse_vllm_queue(VLLM_METRICS) == QueueSample(running=22.0, waiting=7.0)
+    assert parse_vllm_sample(VLLM_METRICS).queue == QueueSample(running=22.0, waiting=7.0)
 
 
 def test_parse_unlabelled_with_timestamp_and_tricky_label_values() -> None:
@@ -33,7 +33,7 @@ def test_parse_unlabelled_with_timestamp_and_tricky_label_values() -> None:
         'vllm:num_requests_waiting{model_name="we}ird \\"name\\" here"} 2\n'
         'vllm:num_requests_waiting{model_name="x"} NaN\n'
     )
-    assert parse_vllm_queue(text) == QueueSample(running=5.0, waiting=2.0)
+    assert parse_vllm_sample(text).queue == QueueSample(running=5.0, waiting=2.0)
 
 
 @pytest.mark.parametrize(
@@ -48,7 +48,7 @@ def test_parse_unlabelled_with_timestamp_and_tricky_label_values() -> None:
 )
 def test_parse_rejects_what_is_not_vllm_metrics(text: str) -> None:
     with pytest.raises(MetricsFormatError):
-        parse_vllm_queue(text)
+        parse_vllm_sample(text)
 
 
 def test_target_keeps_a_short_non_empty_queue() -> None:

@@ -17,7 +17,8 @@ import jsonschema
 import pytest
 
 from olmocr_tasks.core.config import ConversionSettings, ServerSettings
-from olmocr_tasks.inference.gpu_busy import GpuBusy, GpuBusyMeter, total_gpu_busy
+from olmocr_tasks.core.gpu_busy import GpuBusy, total_gpu_busy
+from olmocr_tasks.inference.gpu_busy import GpuBusyMeter
 from olmocr_tasks.inference.vllm_metrics import (
     QueueSample,
     ServerMetrics,
@@ -30,8 +31,8 @@ from olmocr_tasks.location.runs import RunFolder
 from olmocr_tasks.run.pipeline import run_conversion
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 
 GPU_HOUR_PRICE = 3.6
 
@@ -167,7 +168,7 @@ def test_a_run_is_measured_only_if_every_batch_measured_all_its_attempts(tmp_pat
     retried.start()
     assert retried.carried_gpu_busy == GpuBusy(2.5, measured=True)
     retried.write_part([entry], retried.carried_gpu_busy.plus(GpuBusy(0.0, measured=True)))
-    assert folder.collect_results().gpu_busy == GpuBusy(2.5, measured=True)
+    assert _run_gpu_busy(folder) == GpuBusy(2.5, measured=True)
 
     died = folder.attempt("b1", 1)
     died.start()
@@ -176,14 +177,20 @@ def test_a_run_is_measured_only_if_every_batch_measured_all_its_attempts(tmp_pat
     resumed.start()
     assert not resumed.carried_gpu_busy.measured
     resumed.write_part([entry], resumed.carried_gpu_busy.plus(GpuBusy(1.0, measured=True)))
-    assert folder.collect_results().gpu_busy == GpuBusy(3.5, measured=False)
+    assert _run_gpu_busy(folder) == GpuBusy(3.5, measured=False)
 
     # A part written before the measurement is a bare list of entries: read, and unmeasured.
     legacy = RunFolder(Storage(), str(tmp_path / "out"), "run", "p2-def")
     legacy.attempt("b0", 1).start()
     Path(legacy.attempt("b0", 1).part_uri).write_text(json.dumps([entry.to_dict()]))
-    results = legacy.collect_results()
-    assert results.entries == {"/in/a.pdf": entry} and results.gpu_busy == GpuBusy(0.0, measured=False)
+    (report,) = legacy.iter_reports()
+    assert report.entries == [entry] and report.gpu_busy is None
+    assert _run_gpu_busy(legacy) == GpuBusy(0.0, measured=False)
+
+
+def _run_gpu_busy(folder: RunFolder) -> GpuBusy | None:
+    """The run's GPU-busy seconds as publishing sums them: over the latest attempt of every batch."""
+    return total_gpu_busy(report.gpu_busy for report in folder.iter_reports())
 
 
 def _manifest(gpu_busy: GpuBusy | None) -> Manifest:

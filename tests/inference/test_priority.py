@@ -276,7 +276,7 @@ def test_the_plugins_folder_local_settings_place_a_convert_instance_as_airflow_l
     import pluggy
     from airflow import policies
 
-    from olmocr_tasks.testing.airflow_env import REPO_ROOT
+    from olmocr_testkit.airflow_env import REPO_ROOT
 
     spec = importlib.util.spec_from_file_location(
         "airflow_local_settings", REPO_ROOT / "plugins" / "airflow_local_settings.py"

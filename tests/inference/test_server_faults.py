@@ -18,13 +18,14 @@ from typing import Any
 import pytest
 
 from olmocr_tasks.core.errors import ServerUnavailable
+from olmocr_tasks.run.batching import BatchingRule
 from olmocr_tasks.run.pipeline import convert_batch, run_conversion
-from olmocr_tasks.run.planning import plan_run
-from olmocr_tasks.run.publishing import build_manifest, publish_manifest
+from olmocr_tasks.run.planning import plan_batches
+from olmocr_tasks.run.publishing import publish_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.reader_view import assert_manifest_matches_outputs, assert_reader_view_consistent, quick_settings
 
 # Answers that the page logic rejects, each costing one of the page's attempts (olmOCR semantics).
@@ -159,18 +160,18 @@ def test_stalled_server_mid_run_fails_the_task_as_retryable_and_the_retry_comple
     settings = quick_settings(standin.url, read_timeout_s=1.0, outage_window_s=2.0, max_concurrent_requests=2)
     request = RunRequest(str(tmp_path / "in"), str(tmp_path / "out"), "stalled", settings=settings)
     storage = Storage()
-    folder = request.run_folder(storage)
-    folder.write_plan(plan_run(request, storage))
-    sources = folder.read_plan().sources
+    folder = request.run_folder(storage, "p1-stalled")
+    (batch,) = plan_batches(request, storage, folder, BatchingRule(max_batches=1))
+    sources = folder.read_batch(batch["batch"])
     outcome: list[BaseException] = []
 
-    def batch() -> None:
+    def attempt() -> None:
         try:
-            convert_batch(request, storage, "b0", sources)
+            convert_batch(request, storage, batch["batch"], sources, folder=folder)
         except BaseException as exc:
             outcome.append(exc)
 
-    worker = threading.Thread(target=batch)
+    worker = threading.Thread(target=attempt)
     worker.start()
     wait_for_requests(standin, 3)
     stalled_from = len(standin.requests())
@@ -192,12 +193,12 @@ def test_stalled_server_mid_run_fails_the_task_as_retryable_and_the_retry_comple
     assert all(record["metadata"]["total-fallback-pages"] == 0 for record in view.dolma.values())
 
     standin.resume()
-    summary = convert_batch(request, storage, "b0", sources).summary  # Airflow's retry of the same task
+    summary = convert_batch(request, storage, batch["batch"], sources, folder=folder).summary  # Airflow's retry
     assert summary["failed"] == 0 and summary["fallback_pages"] == 0
-    manifest = build_manifest(request, folder.read_plan(), folder.collect())
-    publish_manifest(manifest, storage)
+    published = publish_run(request, storage, folder, folder.read_plan())
+    manifest = published.reader(storage)
     assert [doc.status for doc in manifest.documents].count("failed") == 0
-    assert len(manifest.documents) == 4 and manifest.counts()["fallback_pages"] == 0
+    assert len(manifest.documents) == 4 and published.manifest.counts()["fallback_pages"] == 0
     assert_manifest_matches_outputs(manifest)
     view = assert_reader_view_consistent(str(out), doc_ids=doc_ids)
     assert len(view.dolma) == 4 and view.failed_markers == []

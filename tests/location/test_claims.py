@@ -22,8 +22,8 @@ from olmocr_tasks.location.retention import clean_output
 from olmocr_tasks.run.pipeline import run_conversion
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import ObjectInfo, Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.reader_view import quick_settings
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)

@@ -27,20 +27,19 @@ from olmocr_tasks.location.manifest import (
     Manifest,
     ManifestWriter,
     manifest_uri,
-    write_manifest,
 )
-from olmocr_tasks.location.manifest_reader import ManifestReader, load_whole, read_manifest
+from olmocr_tasks.location.manifest_reader import ManifestReader, read_manifest
 from olmocr_tasks.location.retention import clean_output
 from olmocr_tasks.run.pipeline import convert_batch
-from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.publishing import publish_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.run.settings import RunSettings
 from olmocr_tasks.storage.store import ObjectReader, Storage
 from olmocr_tasks.storage.uri import join_uri
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
-from tests.fixtures.manifests import manifest_header
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
+from tests.fixtures.manifests import load_whole, manifest_header, write_manifest
+from tests.fixtures.plans import plan_held_whole
 from tests.fixtures.reader_view import quick_settings
 
 # The bound on a summary, whatever the run's size.
@@ -345,7 +344,7 @@ def _real_run(output_uri: str, storage: RecordingStorage, standin: StandinServer
     budget = RunSettings(max_document_error_rate=0.5)
     request = RunRequest(str(inbox), output_uri, "streamed", settings=quick_settings(standin.url), run_settings=budget)
     folder = request.run_folder(storage, "p1-abc")
-    plan = plan_run(request, storage)
+    plan = plan_held_whole(request, storage)
     folder.write_plan(plan)
     # Two batches, as Airflow would map them, and one planned document no batch ever reported.
     convert_batch(request, storage, "b00000", plan.sources[:3], folder=folder, try_number=1)

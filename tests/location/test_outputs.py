@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from olmocr_tasks.location.layout import safe_run_id
-from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.location.outputs import (
     OLMOCR_COMPAT_VERSION,
     claim_stem,
@@ -29,10 +28,11 @@ from olmocr_tasks.page.results import DocumentResult, PageResult
 from olmocr_tasks.run.pipeline import run_conversion
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing.airflow_env import AirflowEnv
-from olmocr_tasks.testing.pdfgen import text_pdf
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit.airflow_env import AirflowEnv
+from olmocr_testkit.pdfgen import text_pdf
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import run_cli
+from tests.fixtures.manifests import load_whole
 from tests.fixtures.pages import page_result
 from tests.fixtures.reader_view import quick_settings
 

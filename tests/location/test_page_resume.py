@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from olmocr_tasks.location.manifest_reader import load_whole
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import descendants, kill_and_reap, run_cli, start_cli
+from tests.fixtures.manifests import load_whole
 from tests.fixtures.reader_view import assert_reader_view_consistent
 
 PAGES = 400

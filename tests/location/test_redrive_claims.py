@@ -22,15 +22,15 @@ from olmocr_tasks.core.config import ConversionSettings, ServerSettings
 from olmocr_tasks.location.claims import Blocked, ClaimBook, ClaimHolder
 from olmocr_tasks.location.layout import ConversionState
 from olmocr_tasks.location.ledger import Ledger
-from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.run.pipeline import SINGLE_BATCH, convert_batch, run_conversion
-from olmocr_tasks.run.planning import plan_run
-from olmocr_tasks.run.publishing import build_manifest
+from olmocr_tasks.run.publishing import publish_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import descendants, kill_and_reap, start_cli
+from tests.fixtures.manifests import load_whole
+from tests.fixtures.plans import plan_held_whole
 from tests.fixtures.reader_view import assert_manifest_matches_outputs
 from tests.task_context import RunTasks
 
@@ -151,7 +151,7 @@ def test_an_attempt_whose_retry_has_started_records_nothing(tmp_path: Path, stan
     pdfgen.write_pdf(inbox / "doc83.pdf", pdfgen.text_pdf(1, doc_id=83))
     storage = Storage()
     request = _request(inbox, output, settings=_settings(standin))
-    plan = plan_run(request, storage)
+    plan = plan_held_whole(request, storage)
     folder = request.run_folder(storage)
     folder.write_plan(plan)
     folder.attempt(SINGLE_BATCH, 2).start()  # the retry started while attempt 1 was frozen
@@ -185,15 +185,15 @@ def test_re_drive_waits_one_retry_interval_and_only_reconciliation_runs_reach_ou
     window = {"modified_after": T0 + HOUR, "modified_until": T0 + 2 * HOUR}  # lists nothing
 
     def plan(**changes: Any) -> Any:
-        return plan_run(_request(inbox, output, retry_interval=HOUR, **changes), storage)
+        return plan_held_whole(_request(inbox, output, retry_interval=HOUR, **changes), storage)
 
     # Within the interval: a run that lists it reports it as left for later; one that does not, nothing.
     early = plan(run_time=T0 + HOUR / 2)
     assert early.sources == [] and [entry.skip_reason for entry in early.left_for_later] == ["retry_later"]
     (later,) = early.left_for_later
     assert later.claimed_by == "scheduled-10" and later.retry_from == (T0 + HOUR).isoformat()
-    manifest = build_manifest(_request(inbox, output), early, {})
-    assert manifest.counts()["retry_later"] == 1 and manifest.judge_error_budget(0.05)["exceeded"] is False
+    published = publish_run(base, storage, base.run_folder(storage), early)
+    assert published.manifest.counts()["retry_later"] == 1 and published.verdict["exceeded"] is False
     assert plan(run_time=T0 + HOUR / 2, **window).left_for_later == []
 
     # One interval later: a reconciliation run re-drives it although its window lists nothing ...

@@ -17,7 +17,7 @@ from olmocr_tasks.location.manifest import DocumentEntry, Manifest, exact_percen
 from olmocr_tasks.location.manifest_overview import histogram_bins
 from olmocr_tasks.page.protocol import PageResponse
 from olmocr_tasks.page.results import DocumentResult, PageResult
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.manifests import manifest_schema, validated_manifest
 
 
@@ -175,7 +175,7 @@ def test_a_page_rescued_by_its_hedge_is_counted_in_the_published_manifest(
     from olmocr_tasks.run.pipeline import run_conversion
     from olmocr_tasks.run.request import RunRequest
     from olmocr_tasks.storage.store import Storage
-    from olmocr_tasks.testing import pdfgen
+    from olmocr_testkit import pdfgen
 
     # The last page's first request is accepted and never answered; the other pages give the client
     # the latency history a hedge needs. The read timeout is far away, so only a hedge rescues it.
@@ -227,7 +227,7 @@ def test_an_output_collision_failure_is_recorded_in_a_manifest_that_validates(
     from olmocr_tasks.run.pipeline import run_conversion
     from olmocr_tasks.run.request import RunRequest
     from olmocr_tasks.storage.store import Storage
-    from olmocr_tasks.testing import pdfgen
+    from olmocr_testkit import pdfgen
 
     source = pdfgen.write_pdf(tmp_path / "in" / "taken.pdf", pdfgen.text_pdf(1, doc_id=1))
     pdfgen.write_pdf(tmp_path / "in" / "free.pdf", pdfgen.text_pdf(1, doc_id=2))

@@ -26,13 +26,13 @@ from olmocr_tasks.location.page_store import PageStore
 from olmocr_tasks.location.retention import clean_output
 from olmocr_tasks.location.runs import RunFolder, new_plan_id
 from olmocr_tasks.run.pipeline import run_conversion
-from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
 from olmocr_tasks.storage.uri import join_uri
-from olmocr_tasks.testing.pdfgen import text_pdf
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit.pdfgen import text_pdf
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.pages import page_result
+from tests.fixtures.plans import plan_held_whole
 from tests.fixtures.reader_view import quick_settings
 
 RETENTION = timedelta(days=7)
@@ -67,7 +67,7 @@ def _runs(scenario_output: str, inbox: str, storage: Storage, standin: StandinSe
     pages.save(converted_sha, page_result(1, "left over after a crash"))
     pages.save("ab" * 32, page_result(1, "a document that will resume"))
     # A run that planned and never published (its worker died), with the same inbox.
-    RunFolder(storage, scenario_output, "abandoned").write_plan(plan_run(request, storage))
+    RunFolder(storage, scenario_output, "abandoned").write_plan(plan_held_whole(request, storage))
     [marker] = [
         info.uri
         for info in storage.list_objects(ledger.state.sources_uri)
@@ -85,7 +85,7 @@ def _runs(scenario_output: str, inbox: str, storage: Storage, standin: StandinSe
 def _rerun_after_publishing(scenario: Scenario, storage: Storage) -> str:
     """The 'first' run cleared in Airflow and planning again after its manifest was published."""
     folder = RunFolder(storage, scenario.output, "first", new_plan_id("p2"))
-    folder.write_plan(plan_run(scenario.request, storage))
+    folder.write_plan(plan_held_whole(scenario.request, storage))
     return folder.run_uri
 
 

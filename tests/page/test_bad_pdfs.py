@@ -1,7 +1,7 @@
 """Hostile and broken PDFs end to end through the CLI: each ends with its error class or converts, the
 process survives, and memory stays bounded whatever the page count.
 
-The mixed corpus of ``olmocr_tasks.testing.pdfgen`` (encrypted, owner-password-only, truncated, empty, zero pages, not a
+The mixed corpus of ``olmocr_testkit.pdfgen`` (encrypted, owner-password-only, truncated, empty, zero pages, not a
 PDF, broken page tree) is run again here as a separate process with its memory sampled, together with
 the inputs that only matter at this level: a repairable xref, an enormous page, a sliver page, a page
 that takes far longer to render than allowed, a page whose render needs more memory than a render
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from pypdf import PdfReader, PdfWriter
 
-from olmocr_tasks.location.manifest_reader import load_whole
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import RssSampler, start_cli
+from tests.fixtures.manifests import load_whole
 from tests.fixtures.reader_view import assert_reader_view_consistent
 
 FAST = ["--read-timeout", "10", "--outage-window", "10", "--ready-timeout", "5"]

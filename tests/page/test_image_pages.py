@@ -17,8 +17,8 @@ from PIL import Image
 from olmocr_tasks.core.config import DocumentLimits
 from olmocr_tasks.core.errors import CorruptPdfError, TooLargeError, TooManyPagesError, UnsupportedFormatError
 from olmocr_tasks.page.render_pool import RenderPool
-from olmocr_tasks.testing import imagegen, pdfgen
-from olmocr_tasks.testing.page_marker import Marker, read_marker
+from olmocr_testkit import imagegen, pdfgen
+from olmocr_testkit.page_marker import Marker, read_marker
 
 T = TypeVar("T")
 TARGET = 1288

@@ -30,14 +30,14 @@ from olmocr_tasks.page.protocol import (
     CompletionFormatError,
     FrontMatterError,
     RequestBodyBuilder,
-    build_page_query,
     parse_completion,
     parse_front_matter,
     temperature_for_attempt,
 )
 from olmocr_tasks.page.render_pool import RenderPool
-from olmocr_tasks.testing.page_marker import read_marker
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit.page_marker import read_marker
+from olmocr_testkit.page_query import build_page_query
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import run_cli
 
 GOLDEN_DIR = Path(__file__).parents[1] / "fixtures" / "golden"

@@ -14,8 +14,8 @@ import pytest
 from olmocr_tasks.core.config import DocumentLimits
 from olmocr_tasks.core.errors import ConfigurationError, TooLargeError, TooManyPagesError
 from olmocr_tasks.page.render_pool import RenderError, RenderPool, worker_environment
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.page_marker import Marker
+from olmocr_testkit import pdfgen
+from olmocr_testkit.page_marker import Marker
 from tests.fixtures.render_hooks import FORGERIES, HookedRenderPool, forging_worker_main
 from tests.page.test_rendering import decode, marker, write
 

@@ -30,8 +30,8 @@ from olmocr_tasks.core.errors import (
 from olmocr_tasks.core.formats import check_format, read_head
 from olmocr_tasks.page.render_pool import RenderError, RenderPool, default_render_workers
 from olmocr_tasks.page.render_worker import PdfInfo, open_document_sync, render_page_png_sync, target_size
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.page_marker import Marker, read_marker
+from olmocr_testkit import pdfgen
+from olmocr_testkit.page_marker import Marker, read_marker
 from tests.fixtures.render_hooks import HookedRenderPool
 
 T = TypeVar("T")

@@ -17,9 +17,9 @@ from urllib.parse import quote
 import pytest
 from fastapi.testclient import TestClient
 
-from olmocr_tasks.location.manifest_reader import load_whole
-from olmocr_tasks.testing.airflow_env import aws_connection
-from olmocr_tasks.testing.ports import refusing_port
+from olmocr_testkit.airflow_env import aws_connection
+from olmocr_testkit.ports import refusing_port
+from tests.fixtures.manifests import load_whole
 from tests.fixtures.ocr_runs import CLEAN_RUN, DAG_ID, DEAD_LETTER_RUN, FAILING_RUN, XSS, RealRuns, copy_output
 from tests.fixtures.s3 import REGION, FaultProxy
 

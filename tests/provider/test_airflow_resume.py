@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from olmocr_tasks.location.manifest_reader import load_whole
-from olmocr_tasks.testing.airflow_env import AirflowEnv, DagTestResult, vllm_connection
-from olmocr_tasks.testing.pdfgen import text_pdf
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit.airflow_env import AirflowEnv, DagTestResult, vllm_connection
+from olmocr_testkit.pdfgen import text_pdf
+from olmocr_testkit.standin.server import StandinServer
+from tests.fixtures.manifests import load_whole
 
 PAGES = 120
 DOC_ID = 91

@@ -11,7 +11,7 @@ from airflow.sdk import Connection
 from olmocr_tasks.core.config import DEFAULT_MODEL, ServerSettings
 from olmocr_tasks.core.errors import ConfigurationError, ServerNotReady
 from olmocr_tasks.provider.hooks import VllmHook, base_url, settings_from_connection
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit.standin.server import StandinServer
 
 
 def connection(**fields: Any) -> Connection:

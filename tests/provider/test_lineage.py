@@ -19,13 +19,13 @@ from typing import Any
 import boto3
 import pytest
 
-from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.storage.lineage import Lineage, asset_uri, batch_lineage, manifest_lineage
 from olmocr_tasks.storage.uri import local_path
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.airflow_env import AirflowEnv
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.airflow_env import AirflowEnv
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import run_cli
+from tests.fixtures.manifests import load_whole
 
 HOST = socket.gethostname()
 FAST = ["--read-timeout", "5", "--outage-window", "3", "--ready-timeout", "3"]

@@ -17,12 +17,12 @@ import pytest
 from olmocr_tasks.location.layout import OutputLocation, safe_run_id
 from olmocr_tasks.location.runs import RunFolder
 from olmocr_tasks.run.pipeline import run_conversion
-from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing.airflow_env import AirflowEnv
-from olmocr_tasks.testing.pdfgen import text_pdf
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit.airflow_env import AirflowEnv
+from olmocr_testkit.pdfgen import text_pdf
+from olmocr_testkit.standin.server import StandinServer
+from tests.fixtures.plans import plan_held_whole
 from tests.fixtures.reader_view import quick_settings
 
 DAG = "olmocr_maintenance"
@@ -45,7 +45,7 @@ def test_maintenance_removes_an_old_published_run_folder_and_keeps_an_unpublishe
     manifest, _ = run_conversion(request, storage)
     assert manifest.counts()["converted"] == 1
     # A run whose worker died after planning: no manifest, so its folder is still needed.
-    RunFolder(storage, str(output), "unpublished").write_plan(plan_run(request, storage))
+    RunFolder(storage, str(output), "unpublished").write_plan(plan_held_whole(request, storage))
     old = time.time() - timedelta(days=40).total_seconds()
     for path in output.rglob("*"):
         os.utime(path, (old, old), follow_symlinks=False)

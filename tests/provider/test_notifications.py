@@ -21,10 +21,10 @@ from aiosmtpd.controller import Controller
 
 from olmocr_tasks.location.failure_report import build_failure_report
 from olmocr_tasks.location.manifest import DocumentEntry, error_class_counts
-from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.provider.notifications import NotifierConfigError, make_notifier, parse_notifier_config
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.airflow_env import AirflowEnv
+from olmocr_testkit import pdfgen
+from olmocr_testkit.airflow_env import AirflowEnv
+from tests.fixtures.manifests import load_whole
 
 SMTP_NOTIFIER = "airflow.providers.smtp.notifications.smtp.SmtpNotifier"
 

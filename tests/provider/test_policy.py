@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, delete, insert
 from sqlalchemy.orm import Session
 
 from olmocr_tasks.provider import policy
-from olmocr_tasks.testing.airflow_env import AirflowEnv
+from olmocr_testkit.airflow_env import AirflowEnv
 
 POOL, RESERVED = "olmocr_vllm", "olmocr_vllm_high"
 

@@ -32,7 +32,6 @@ from olmocr_tasks.core.errors import (
 from olmocr_tasks.core.formats import FORMATS
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.manifest import DocumentEntry, Manifest
-from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.provider import flow, hooks, run_requests, tasks
 from olmocr_tasks.provider import params as dag_params
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
@@ -41,8 +40,9 @@ from olmocr_tasks.provider.triggers import VllmReadyTrigger
 from olmocr_tasks.run.planning import batch_label
 from olmocr_tasks.run.settings import RunSettings
 from olmocr_tasks.storage.store import ObjectInfo, Storage
-from olmocr_tasks.testing.airflow_env import REPO_ROOT, aws_connection, base_env
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit.airflow_env import REPO_ROOT, aws_connection, base_env
+from olmocr_testkit.standin.server import StandinServer
+from tests.fixtures.manifests import load_whole
 from tests.fixtures.s3 import DUMMY_KEY, DUMMY_SECRET, REGION
 from tests.task_context import RunTasks, context
 
@@ -508,7 +508,7 @@ def standin_conn(monkeypatch: pytest.MonkeyPatch, standin: StandinServer) -> Sta
 def test_a_retried_convert_task_reports_its_batch_and_only_runs_that_converted_announce(
     tmp_path: Path, standin_conn: StandinServer
 ) -> None:
-    from olmocr_tasks.testing import pdfgen
+    from olmocr_testkit import pdfgen
 
     for doc_id in (1, 2):
         pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(2, doc_id=doc_id))
@@ -553,7 +553,7 @@ def test_a_cleared_run_never_maps_fewer_convert_instances_than_its_previous_pass
 ) -> None:
     # Airflow 3.3 marks a cleared run's convert instances beyond the previous pass's length REMOVED and
     # never maps them again: a pass shorter than the last would strand the batches of a later, longer one.
-    from olmocr_tasks.testing import pdfgen
+    from olmocr_testkit import pdfgen
 
     for doc_id in (1, 2, 3):
         pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(1, doc_id=doc_id))
@@ -578,7 +578,7 @@ def test_a_cleared_run_never_maps_fewer_convert_instances_than_its_previous_pass
 def test_backfill_runs_plan_only_their_own_interval_and_scheduled_runs_look_back(
     tmp_path: Path, standin_conn: StandinServer
 ) -> None:
-    from olmocr_tasks.testing import pdfgen
+    from olmocr_testkit import pdfgen
 
     inbox = tmp_path / "in"
     for name, modified in (("first.pdf", H0 + timedelta(minutes=30)), ("second.pdf", H + timedelta(minutes=30))):
@@ -603,7 +603,7 @@ def test_backfill_runs_plan_only_their_own_interval_and_scheduled_runs_look_back
 
 
 def test_a_rejected_api_key_fails_the_convert_task_without_retries(tmp_path: Path, standin_conn: StandinServer) -> None:
-    from olmocr_tasks.testing import pdfgen
+    from olmocr_testkit import pdfgen
 
     pdfgen.write_pdf(tmp_path / "in" / "d.pdf", pdfgen.text_pdf(1, doc_id=1))
     run = RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
@@ -622,7 +622,7 @@ def test_convert_refuses_a_server_that_does_not_serve_the_connections_model(
 ) -> None:
     # The idempotency key is the model: output of another model must not be filed under this one. plan
     # runs beside check_server and needs no server; each convert instance checks the model before a page.
-    from olmocr_tasks.testing import pdfgen
+    from olmocr_testkit import pdfgen
 
     pdfgen.write_pdf(tmp_path / "in" / "d.pdf", pdfgen.text_pdf(1, doc_id=1))
     run = RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
@@ -659,7 +659,7 @@ def test_convert_sets_its_own_execution_timeout_before_it_runs() -> None:
 
 
 def test_plan_body_redrives_failures_of_an_earlier_interval(tmp_path: Path, standin_conn: StandinServer) -> None:
-    from olmocr_tasks.testing import pdfgen
+    from olmocr_testkit import pdfgen
 
     inbox, output = tmp_path / "inbox", tmp_path / "out"
     for name, data in (("good.pdf", pdfgen.text_pdf(1, 61)), ("broken.pdf", pdfgen.not_a_pdf())):
@@ -716,7 +716,7 @@ def test_event_dag_plan_body_converts_exactly_the_objects_its_triggering_events_
     s3_bucket: str,
     s3_storage_options: dict[str, Any],
 ) -> None:
-    from olmocr_tasks.testing import pdfgen
+    from olmocr_testkit import pdfgen
 
     storage = Storage(s3_storage_options)
     for key, data in {
@@ -765,7 +765,7 @@ def test_publish_measures_the_convert_instances_and_the_next_plan_sizes_instance
     conversion key; the next run's plan sizes its instances by it instead of by the request window."""
     from olmocr_tasks.location.layout import OutputLocation
     from olmocr_tasks.run import instance_costs
-    from olmocr_tasks.testing import pdfgen
+    from olmocr_testkit import pdfgen
 
     monkeypatch.setenv("OLMOCR_CONVERT_SLOTS", "2")
     for name in ("OLMOCR_BATCH_PAGES", "OLMOCR_INSTANCE_OVERHEAD", "OLMOCR_LOW_CLASS_WAVES"):

@@ -12,7 +12,7 @@ import pytest
 
 from olmocr_tasks.core.errors import ServerNotReady
 from olmocr_tasks.provider.triggers import VllmReadyTrigger, models_from_event
-from olmocr_tasks.testing.airflow_env import vllm_connection
+from olmocr_testkit.airflow_env import vllm_connection
 from tests.fixtures.standin import StandinServer
 
 pytestmark = pytest.mark.timeout(60)

@@ -17,13 +17,13 @@ import pytest
 from olmocr_tasks.core.config import ConversionSettings
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.run.pipeline import convert_batch, run_conversion
-from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.access import AccessPolicy
 from olmocr_tasks.storage.store import ObjectInfo, Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.client import fast_server_settings
+from tests.fixtures.plans import plan_held_whole
 
 OK_DOC, SECRET_DOC = 11, 66
 
@@ -89,7 +89,7 @@ def test_convert_checks_again_before_it_opens_a_link_swapped_after_planning(
     link.symlink_to(inbox / "ok.pdf")
     request = _request(standin, inbox, out, "swap", reprocess=True)
     storage = Storage()
-    plan = plan_run(request, storage)
+    plan = plan_held_whole(request, storage)
     assert sorted(Path(source.uri).name for source in plan.sources) == ["later.pdf", "ok.pdf"]
 
     link.unlink()

@@ -20,15 +20,15 @@ from pathlib import Path
 
 from olmocr_tasks.location.claims import Blocked, Claim, ClaimBook, ClaimHolder, ClaimRecord
 from olmocr_tasks.location.ledger import Ledger
-from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.run.pipeline import ConvertedSources, convert_sources
-from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import ObjectInfo, Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import FAST_CLI, start_cli
 from tests.fixtures.client import requests_for
+from tests.fixtures.manifests import load_whole
+from tests.fixtures.plans import plan_held_whole
 from tests.fixtures.reader_view import quick_settings
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
@@ -81,7 +81,7 @@ def test_a_document_converting_for_many_expiries_keeps_its_claim(tmp_path: Path,
     storage = Storage()
     settings = quick_settings(standin.url, read_timeout_s=HELD_S, hedge_requests=False)
     request = RunRequest(input_uri=str(inbox), output_uri=str(output), run_id="long", settings=settings)
-    (source,) = plan_run(request, storage).sources
+    (source,) = plan_held_whole(request, storage).sources
     state = Ledger(str(output), storage, request.conversion_key).state
     clock = WallClock()
 

@@ -19,14 +19,17 @@ import pytest
 
 from olmocr_tasks.core.config import ConversionSettings, ServerSettings
 from olmocr_tasks.core.errors import ServerNotReady, ServerUnavailable
-from olmocr_tasks.location.manifest import Manifest
+from olmocr_tasks.location.manifest import DocumentEntry, Manifest
+from olmocr_tasks.location.manifest_reader import ManifestReader
+from olmocr_tasks.location.runs import RunFolder
 from olmocr_tasks.run.pipeline import run_conversion
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.run.settings import RunSettings
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.client import fast_server_settings
+from tests.fixtures.plans import plan_held_whole
 
 # Dead letters after two failed runs.
 TWO_FAILURES = RunSettings(max_failed_attempts=2)
@@ -64,7 +67,7 @@ def run(tmp_path: Path, settings: ConversionSettings, run_id: str, **request: ob
     return manifest
 
 
-def by_name(manifest: Manifest) -> dict[str, object]:
+def by_name(manifest: Manifest | ManifestReader) -> dict[str, object]:
     return {Path(doc.source).name: doc for doc in manifest.documents}
 
 
@@ -263,7 +266,7 @@ def test_failed_documents_are_retried_by_later_runs_then_dead_lettered(tmp_path:
     assert dead.error_class == "dead_letter" and "corrupt" in (dead.error or "") and dead.failed_attempts == 2
 
 
-def _totals_held_by_outputs(manifest: Manifest) -> dict[str, int]:
+def _totals_held_by_outputs(manifest: Manifest | ManifestReader) -> dict[str, int]:
     """Pages and tokens summed from the Dolma records the manifest's converted documents name."""
     totals = {"pages": 0, "input_tokens": 0, "output_tokens": 0}
     for doc in manifest.documents:
@@ -278,9 +281,10 @@ def _totals_held_by_outputs(manifest: Manifest) -> dict[str, int]:
 def test_a_batch_that_dies_part_way_reports_what_it_converted_and_its_retry_reports_everything(
     tmp_path: Path, standin: StandinServer
 ) -> None:
+    from olmocr_tasks.run.batching import BatchingRule
     from olmocr_tasks.run.pipeline import convert_batch
-    from olmocr_tasks.run.planning import plan_run
-    from olmocr_tasks.run.publishing import build_manifest
+    from olmocr_tasks.run.planning import plan_batches
+    from olmocr_tasks.run.publishing import publish_run
 
     for doc_id in (1, 2):
         pdfgen.write_pdf(tmp_path / "in" / f"d{doc_id}.pdf", pdfgen.text_pdf(2, doc_id=doc_id))
@@ -292,22 +296,24 @@ def test_a_batch_that_dies_part_way_reports_what_it_converted_and_its_retry_repo
         settings=fast_settings(standin.url, max_open_documents=1),
     )  # fmt: skip
     storage = Storage()
-    folder = request.run_folder(storage)
-    plan = plan_run(request, storage)
-    folder.write_plan(plan)
-    sources = sorted(plan.sources, key=lambda source: source.uri)
+    folder = request.run_folder(storage, "p1-retried")
+    (batch,) = plan_batches(request, storage, folder, BatchingRule(max_batches=1))
+    sources = sorted(folder.read_batch(batch["batch"]), key=lambda source: source.uri)
     with pytest.raises(ServerUnavailable):
-        convert_batch(request, storage, "b0", sources, try_number=1)
-    partial = build_manifest(request, plan, folder.collect())
-    assert {Path(doc.source).name: (doc.status, doc.error_class) for doc in partial.documents} == {
-        "d1.pdf": ("converted", None),
-        "d2.pdf": ("converted", None),
-        "d3.pdf": ("failed", "not_converted"),
+        convert_batch(request, storage, batch["batch"], sources, folder=folder, try_number=1)
+    # What publishing would read now: the two documents converted before the outage, nothing of d3.
+    partial = folder.latest_report(batch["batch"])
+    assert partial is not None
+    assert {Path(doc.source).name: doc.status for doc in partial.entries} == {
+        "d1.pdf": "converted",
+        "d2.pdf": "converted",
     }
 
     standin.configure(always={f"3:{page}": None for page in range(1, 5)})
-    summary = convert_batch(request, storage, "b0", sources, try_number=2).summary  # Airflow's retry
-    manifest = build_manifest(request, plan, folder.collect())
+    # Airflow's retry of the same task.
+    summary = convert_batch(request, storage, batch["batch"], sources, folder=folder, try_number=2).summary
+    published = publish_run(request, storage, folder, folder.read_plan())
+    manifest = published.reader(storage)
 
     docs = by_name(manifest)
     assert {name: (doc.status, doc.pages) for name, doc in docs.items()} == {
@@ -317,7 +323,7 @@ def test_a_batch_that_dies_part_way_reports_what_it_converted_and_its_retry_repo
     }
     # Converted by attempt 1, reported by attempt 2 with that attempt's identity and numbers.
     assert docs["d1.pdf"].attempts == 2 and docs["d1.pdf"].input_tokens > 0 and docs["d1.pdf"].outputs
-    counts = manifest.counts()
+    counts = published.manifest.counts()
     assert {key: counts[key] for key in ("pages", "input_tokens", "output_tokens")} == _totals_held_by_outputs(manifest)
     assert (summary["converted"], summary["pages"], summary["try_number"]) == (3, 8, 2)
 
@@ -325,9 +331,6 @@ def test_a_batch_that_dies_part_way_reports_what_it_converted_and_its_retry_repo
 def test_a_retry_tries_again_what_an_earlier_attempt_failed_and_keeps_what_it_converted(tmp_path: Path) -> None:
     """A failure recorded by an attempt that was then retried may come from what stopped the attempt
     (a render limit that ran out while its machine was frozen), so the retry converts it again."""
-    from olmocr_tasks.location.manifest import DocumentEntry
-    from olmocr_tasks.location.runs import RunFolder
-
     folder = RunFolder(Storage(), str(tmp_path / "out"), "run", "p1-abc")
     converted = DocumentEntry(source="/in/a.pdf", status="converted", pages=3, task={"try_number": 1})
     frozen = DocumentEntry(source="/in/b.pdf", status="failed", error_class="error_rate_exceeded", error="render")
@@ -343,9 +346,6 @@ def test_a_retry_tries_again_what_an_earlier_attempt_failed_and_keeps_what_it_co
 
 
 def test_a_stale_attempt_cannot_change_what_a_newer_attempt_reports(tmp_path: Path) -> None:
-    from olmocr_tasks.location.manifest import DocumentEntry
-    from olmocr_tasks.location.runs import RunFolder
-
     folder = RunFolder(Storage(), str(tmp_path / "out"), "run", "p1-abc")
     real = DocumentEntry(source="/in/a.pdf", status="converted", pages=3, task={"try_number": 1})
     first = folder.attempt("b0", 1)
@@ -357,15 +357,20 @@ def test_a_stale_attempt_cannot_change_what_a_newer_attempt_reports(tmp_path: Pa
     first.write_entry(DocumentEntry(source="/in/a.pdf", status="failed", error_class="internal_error"))
     first.write_entry(DocumentEntry(source="/in/b.pdf", status="failed", error_class="internal_error"))
     first.write_part([DocumentEntry(source="/in/a.pdf", status="skipped")])
-    assert folder.collect() == {"/in/a.pdf": real}
+    assert _reported(folder) == [real]
     second.write_part([real, DocumentEntry(source="/in/b.pdf", status="converted", pages=1)])
-    assert {source: entry.status for source, entry in folder.collect().items()} == {
+    assert {entry.source: entry.status for entry in _reported(folder)} == {
         "/in/a.pdf": "converted",
         "/in/b.pdf": "converted",
     }
     assert folder.next_try("b0") == 3
     # Another planning of the same run (a cleared DAG run) reads nothing of this one.
-    assert RunFolder(Storage(), str(tmp_path / "out"), "run", "p2-def").collect() == {}
+    assert _reported(RunFolder(Storage(), str(tmp_path / "out"), "run", "p2-def")) == []
+
+
+def _reported(folder: RunFolder) -> list[DocumentEntry]:
+    """Every entry publishing reads from the folder: the latest attempt's of each batch."""
+    return [entry for report in folder.iter_reports() for entry in report.entries]
 
 
 def test_the_cli_rerun_with_the_same_run_id_reports_the_whole_run(tmp_path: Path, standin: StandinServer) -> None:
@@ -432,8 +437,7 @@ def test_failures_outside_a_runs_window_are_re_driven_until_they_are_dead_letter
 
 
 def test_documents_whose_batch_never_reported_are_re_driven(tmp_path: Path) -> None:
-    from olmocr_tasks.run.planning import plan_run
-    from olmocr_tasks.run.publishing import build_manifest, remember_not_converted
+    from olmocr_tasks.run.publishing import publish_run
 
     hour = datetime(2026, 3, 1, 10, tzinfo=UTC)
     pdfgen.write_pdf(tmp_path / "in" / "lost.pdf", pdfgen.text_pdf(1, doc_id=1))
@@ -445,11 +449,11 @@ def test_documents_whose_batch_never_reported_are_re_driven(tmp_path: Path) -> N
         return RunRequest(str(tmp_path / "in"), str(tmp_path / "out"), f"h{number}",
                           modified_after=start, modified_until=start + timedelta(hours=1))  # fmt: skip
 
-    plan = plan_run(request(0), storage)
-    manifest = build_manifest(request(0), plan, {})  # its convert task failed on every try
-    assert [doc.error_class for doc in manifest.documents] == ["not_converted"]
-    assert remember_not_converted(request(0), storage, plan, manifest) == 1
-    later = plan_run(request(1), storage)
+    plan = plan_held_whole(request(0), storage)
+    published = publish_run(request(0), storage, request(0).run_folder(storage), plan)  # its batch never reported
+    assert [doc.error_class for doc in published.reader(storage).documents] == ["not_converted"]
+    assert published.not_converted == 1
+    later = plan_held_whole(request(1), storage)
     assert [source.uri for source in later.sources] == [str(tmp_path / "in" / "lost.pdf")] and later.redriven == 1
 
 

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.storage.store import TEMP_SUFFIX
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import cli_env, descendants, kill_and_reap, run_cli, start_cli
+from tests.fixtures.manifests import load_whole
 from tests.fixtures.reader_view import assert_manifest_matches_outputs, assert_reader_view_consistent
 
 # A short claim expiry: the run after a kill (another run id) takes the killed run's claims over

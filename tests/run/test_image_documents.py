@@ -12,8 +12,8 @@ import json
 import shutil
 from pathlib import Path
 
-from olmocr_tasks.testing import imagegen, pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import imagegen, pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.reader_view import assert_reader_view_consistent
 from tests.run.test_conversion import by_name, fast_settings, page_answers, run
 

@@ -8,10 +8,10 @@ import pytest
 
 from olmocr_tasks.location.ledger import Ledger, fingerprint, source_id
 from olmocr_tasks.run import planning
-from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing import pdfgen
+from olmocr_testkit import pdfgen
+from tests.fixtures.plans import plan_held_whole
 from tests.fixtures.s3 import FaultProxy
 
 # More done markers than one listing page holds (1,000 keys): a whole-state listing is at least two.
@@ -51,7 +51,7 @@ def test_a_few_named_documents_are_looked_up_one_small_listing_each(
 ) -> None:
     storage, request, ledger = location["storage"], location["request"], location["ledger"]
     before = len(s3_fault_proxy.requests)
-    plan = plan_run(request, storage)
+    plan = plan_held_whole(request, storage)
     listings = _listings(s3_fault_proxy, before)
     # One listing per named source, each scoped to that source's own folder of the state.
     assert len(listings) == 3, listings
@@ -67,7 +67,7 @@ def test_many_named_documents_take_one_listing_of_the_whole_state(
     storage, request = location["storage"], location["request"]
     monkeypatch.setattr(planning, "NAMED_LOOKUPS_MAX", 2)
     before = len(s3_fault_proxy.requests)
-    plan = plan_run(request, storage)
+    plan = plan_held_whole(request, storage)
     # The whole state: the history's 1,200 markers and the named ones take two pages.
     assert len(_listings(s3_fault_proxy, before)) == 2
     assert (plan.already_converted, _planned(plan)) == (1, ["failed.pdf", "new.pdf"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from olmocr_tasks.run.s3_events import documents_from_asset_events, documents_from_messages
+from olmocr_tasks.run.s3_events import documents_from_asset_events
 
 
 def record(key: str, event: str = "ObjectCreated:Put", bucket: str = "inbox-bucket") -> dict[str, Any]:
@@ -34,7 +34,9 @@ def watcher_event(*messages: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_keys_are_url_decoded_with_plus_as_space() -> None:
-    parsed = documents_from_messages([message(record("in/a+b%2Bc.pdf"), record("in/caf%C3%A9+menu.PDF"))])
+    parsed = documents_from_asset_events(
+        [watcher_event(message(record("in/a+b%2Bc.pdf"), record("in/caf%C3%A9+menu.PDF")))]
+    )
     assert parsed.uris == ["s3://inbox-bucket/in/a b+c.pdf", "s3://inbox-bucket/in/café menu.PDF"]
 
 
@@ -93,7 +95,7 @@ def test_duplicates_are_returned_once() -> None:
 def test_sns_wrapped_notifications_are_unwrapped() -> None:
     inner = json.dumps({"Records": [record("via-sns.pdf")]})
     envelope = {"MessageId": "sns", "Body": json.dumps({"Type": "Notification", "Message": inner})}
-    assert documents_from_messages([envelope]).uris == ["s3://inbox-bucket/via-sns.pdf"]
+    assert documents_from_asset_events([watcher_event(envelope)]).uris == ["s3://inbox-bucket/via-sns.pdf"]
 
 
 def test_rest_api_events_may_list_documents() -> None:

@@ -27,11 +27,12 @@ from reportlab.lib.pagesizes import letter
 from reportlab.pdfgen import canvas
 
 from olmocr_tasks.core.config import DEFAULT_MODEL
-from olmocr_tasks.inference.vllm_metrics import parse_vllm_queue
-from olmocr_tasks.page.protocol import RequestBodyBuilder, build_page_query, parse_completion, parse_front_matter
+from olmocr_tasks.inference.vllm_metrics import parse_vllm_sample
+from olmocr_tasks.page.protocol import RequestBodyBuilder, parse_completion, parse_front_matter
 from olmocr_tasks.servers.cpu_engine import CPU_ENGINE_MODEL, is_loopback_host, start_cpu_engine_in_thread
 from olmocr_tasks.servers.cpu_engine.chat import format_answer
 from olmocr_tasks.servers.cpu_engine.tesseract import PageOcr, parse_osd, tidy_text
+from olmocr_testkit.page_query import build_page_query
 
 pytestmark = pytest.mark.skipif(shutil.which("tesseract") is None, reason="tesseract-ocr is not installed")
 
@@ -219,7 +220,7 @@ def test_api_key_is_required_on_v1_routes(page_png):
 
 def test_metrics_carry_vllm_queue_gauges(engine):
     text = httpx.get(engine.base_url + "/metrics").text
-    sample = parse_vllm_queue(text)
+    sample = parse_vllm_sample(text).queue
     assert sample.running == 0 and sample.waiting == 0
 
 
@@ -260,7 +261,7 @@ def test_concurrency_is_bounded_and_extra_requests_wait(tmp_path, page_png):
         seen = []
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(t.is_alive() for t in threads):
-            seen.append(parse_vllm_queue(httpx.get(handle.base_url + "/metrics").text))
+            seen.append(parse_vllm_sample(httpx.get(handle.base_url + "/metrics").text).queue)
             time.sleep(0.1)
         for thread in threads:
             thread.join(30)

@@ -16,7 +16,7 @@ from olmocr_tasks.location.ledger import conversion_key
 from olmocr_tasks.location.manifest_reader import open_manifest
 from olmocr_tasks.page.protocol import PROMPT_VERSION
 from olmocr_tasks.servers.cpu_engine import start_cpu_engine_in_thread
-from olmocr_tasks.testing.airflow_env import REPO_ROOT, AirflowEnv, vllm_connection
+from olmocr_testkit.airflow_env import REPO_ROOT, AirflowEnv, vllm_connection
 
 pytestmark = pytest.mark.slow
 

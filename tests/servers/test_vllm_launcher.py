@@ -30,7 +30,7 @@ from olmocr_tasks.servers.vllm_launcher import (
     connection_env_line,
     connection_json,
 )
-from olmocr_tasks.testing.ports import reserved_port
+from olmocr_testkit.ports import reserved_port
 
 FAKE_VLLM = """\
 import json, os, signal, socket, sys, threading, time
@@ -67,7 +67,7 @@ signal.signal(signal.SIGTERM, on_term)
 signal.signal(signal.SIGINT, on_term)
 time.sleep(float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "0")))
 class Server(HTTPServer):
-    # The test holds the port bound with SO_REUSEPORT (olmocr_tasks.testing.ports.reserved_port) until we bind it.
+    # The test holds the port bound with SO_REUSEPORT (olmocr_testkit.ports.reserved_port) until we bind it.
     def server_bind(self):
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         super().server_bind()

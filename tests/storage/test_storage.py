@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from olmocr_tasks.core.errors import StorageError, UnreadableSourceError
-from olmocr_tasks.storage.backends.s3 import storage_options_from_env
 from olmocr_tasks.storage.store import TEMP_SUFFIX, ObjectInfo, ReadLimitExceeded, RetryPolicy, Storage
 from olmocr_tasks.storage.uri import is_s3, join_uri, local_path, safe_join, safe_relative_key, split_s3
 from tests.fixtures.s3 import FaultProxy
@@ -47,21 +46,6 @@ def test_uri_helpers() -> None:
     assert local_path("relative/x.pdf") == "relative/x.pdf"
     assert join_uri("s3://b/out/", "dolma", "/x.jsonl") == "s3://b/out/dolma/x.jsonl"
     assert join_uri("/out", "", "a") == "/out/a"
-
-
-def test_storage_options_from_env() -> None:
-    env = {
-        "AWS_ACCESS_KEY_ID": "AKIA1",
-        "AWS_SECRET_ACCESS_KEY": "s3cr3t",
-        "AWS_ENDPOINT_URL": "http://minio:9000",
-        "AWS_DEFAULT_REGION": "eu-west-1",
-    }
-    assert storage_options_from_env(env) == {
-        "key": "AKIA1",
-        "secret": "s3cr3t",
-        "client_kwargs": {"endpoint_url": "http://minio:9000", "region_name": "eu-west-1"},
-    }
-    assert storage_options_from_env({}) == {}
 
 
 @pytest.mark.parametrize(

@@ -16,14 +16,14 @@ from typing import Any
 
 from olmocr_tasks.location.runs import RunFolder
 from olmocr_tasks.run.pipeline import convert_batch
-from olmocr_tasks.run.planning import plan_run
 from olmocr_tasks.run.publishing import publish_run
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import REQUEST_KINDS, RetryPolicy, Storage
-from olmocr_tasks.testing import pdfgen
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit import pdfgen
+from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import FAST_CLI, run_cli
 from tests.fixtures.manifests import validated_manifest
+from tests.fixtures.plans import plan_held_whole
 from tests.fixtures.reader_view import quick_settings
 from tests.fixtures.s3 import FaultProxy
 
@@ -128,7 +128,7 @@ def test_on_s3_the_counts_match_the_requests_the_server_received(
     request = RunRequest(f"s3://{s3_bucket}/in", output_uri, "s3counted", settings=quick_settings(standin.url))
     s3_fault_proxy.clear()
     folder = RunFolder(storage, output_uri, "s3counted", "p1-abc")
-    plan = plan_run(request, storage)
+    plan = plan_held_whole(request, storage)
     folder.write_plan(plan)
     before = _proxy_counts(s3_fault_proxy)
     result = convert_batch(request, storage, "b00000", plan.sources, folder=folder, try_number=1)

@@ -14,16 +14,16 @@ import pytest
 from PIL import Image
 
 from olmocr_tasks.inference.priority import with_priority
-from olmocr_tasks.inference.vllm_metrics import QueueSample, ServerMetrics, parse_vllm_queue, render_vllm_metrics
+from olmocr_tasks.inference.vllm_metrics import QueueSample, ServerMetrics, parse_vllm_sample, render_vllm_metrics
 from olmocr_tasks.page.protocol import (
     FrontMatterError,
     RequestBodyBuilder,
-    build_page_query,
     format_front_matter,
     parse_completion,
     parse_front_matter,
 )
-from olmocr_tasks.testing.standin.__main__ import parse_args
+from olmocr_testkit.page_query import build_page_query
+from olmocr_testkit.standin.__main__ import parse_args
 from tests.fixtures.standin import StandinServer, marked_png, start_standin_process
 
 JSON = {"Content-Type": "application/json"}
@@ -252,7 +252,7 @@ def test_written_front_matter_and_metrics_read_back() -> None:
         assert page.natural_text == "Body" and not page.is_table and not page.is_diagram
     state = ServerMetrics(model='od"d\\name', running=3, waiting=7, success_by_reason={"stop": 4, "length": 1})
     text = render_vllm_metrics(state)
-    assert parse_vllm_queue(text) == QueueSample(running=3.0, waiting=7.0)
+    assert parse_vllm_sample(text).queue == QueueSample(running=3.0, waiting=7.0)
     assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="od\\"d\\\\name"} 1.0' in text
     assert 'vllm:request_success_total{engine="0",finished_reason="abort",model_name="od\\"d\\\\name"} 0.0' in text
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from olmocr_tasks.testing.ports import free_port
+from olmocr_testkit.ports import free_port
 from tests.vllm import environment
 
 TIER_DIR = Path(__file__).resolve().parent

@@ -1,7 +1,7 @@
 """What our client relies on vLLM for, asserted against the real CPU vLLM and against the stand-in alike.
 
 Each test runs twice (``server`` is parametrised): once on vLLM 0.32's CPU build serving the tiny random
-model, once on ``olmocr_tasks.testing.standin``. A difference is a stand-in bug (the stand-in follows the
+model, once on ``olmocr_testkit.standin``. A difference is a stand-in bug (the stand-in follows the
 real server) or a README statement to correct. Requests are olmOCR-shaped (one text part, one PNG).
 """
 
@@ -30,7 +30,7 @@ from olmocr_tasks.inference.vllm_metrics import (
     parse_vllm_sample,
 )
 from olmocr_tasks.page.protocol import OLMOCR_FRONT_MATTER_REGEX, parse_completion
-from olmocr_tasks.testing.standin.server import StandinServer
+from olmocr_testkit.standin.server import StandinServer
 from tests.vllm.conftest import MAX_MODEL_LEN, MODEL_NAME, VllmServers, metrics_text, wait_for
 
 # A generation long enough to watch while it runs: the tiny model makes a few hundred tokens a second

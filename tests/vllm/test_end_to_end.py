@@ -14,9 +14,9 @@ from typing import Any
 
 from olmocr_tasks.inference.vllm_metrics import GENERATION_TOKENS_METRIC, PROMPT_TOKENS_METRIC
 from olmocr_tasks.location.manifest import COST_BASIS_METRICS
-from olmocr_tasks.location.manifest_reader import load_whole
-from olmocr_tasks.testing import pdfgen
+from olmocr_testkit import pdfgen
 from tests.fixtures.cli_process import run_cli
+from tests.fixtures.manifests import load_whole
 from tests.vllm.conftest import MODEL_NAME, RunningVllm, metrics_text
 
 PAGES = 3

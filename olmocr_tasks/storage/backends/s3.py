@@ -20,31 +20,6 @@ from olmocr_tasks.storage.uri import split_s3
 _PAGE_SIZE = 1000
 
 
-def storage_options_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """s3fs options from the usual AWS_* variables, for handing explicit options to another process.
-
-    In-process this is not needed: with no options s3fs and botocore read the environment themselves.
-    """
-    env = os.environ if environ is None else environ
-    options: dict[str, Any] = {}
-    if env.get("AWS_ACCESS_KEY_ID"):
-        options["key"] = env["AWS_ACCESS_KEY_ID"]
-    if env.get("AWS_SECRET_ACCESS_KEY"):
-        options["secret"] = env["AWS_SECRET_ACCESS_KEY"]
-    if env.get("AWS_SESSION_TOKEN"):
-        options["token"] = env["AWS_SESSION_TOKEN"]
-    client_kwargs: dict[str, Any] = {}
-    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        client_kwargs["endpoint_url"] = endpoint
-    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
-    if region:
-        client_kwargs["region_name"] = region
-    if client_kwargs:
-        options["client_kwargs"] = client_kwargs
-    return options
-
-
 class S3Backend:
     """Objects in S3 (or an S3-compatible store) through one lazily built s3fs client per process.
 

@@ -1,4 +1,4 @@
-"""The vLLM stand-in as a process of its own (``python -m olmocr_tasks.testing.standin``), driven over HTTP.
+"""The vLLM stand-in as a process of its own (``python -m olmocr_testkit.standin``), driven over HTTP.
 
 Used by the tests, the deployment launcher, the benchmarks and ``scripts/golden_olmocr.py``: a stand-in
 in its own process is stopped, killed and measured apart from whoever started it.
@@ -18,11 +18,11 @@ from typing import Any
 
 import httpx
 
-from olmocr_tasks.testing import REPO_ROOT
+from olmocr_testkit import REPO_ROOT
 
 
 class StandinProcess:
-    """A stand-in running as ``python -m olmocr_tasks.testing.standin``, controlled over HTTP.
+    """A stand-in running as ``python -m olmocr_testkit.standin``, controlled over HTTP.
 
     Offers the same control methods as ``StandinServer``; they go to ``control_url``, a second listener
     that stays reachable while the main port refuses connections.
@@ -113,13 +113,13 @@ class StandinProcess:
 def start_standin_process(
     *, timeout: float = 30.0, extra_args: list[str] | None = None, **settings: Any
 ) -> StandinProcess:
-    """Start ``python -m olmocr_tasks.testing.standin`` with ``StandinConfig`` ``settings``; returns once it listens.
+    """Start ``python -m olmocr_testkit.standin`` with ``StandinConfig`` ``settings``; returns once it listens.
 
     The caller owns the handle and must ``stop()`` it (or use it as a context manager).
     """
     fd, name = tempfile.mkstemp(prefix="standin-", suffix=".stderr")
     stderr_path = Path(name)
-    command = [sys.executable, "-m", "olmocr_tasks.testing.standin", "--config", json.dumps(settings)]
+    command = [sys.executable, "-m", "olmocr_testkit.standin", "--config", json.dumps(settings)]
     command += extra_args or []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     # stderr goes to a file so a chatty process can never block on a full pipe nobody reads.

@@ -1,6 +1,6 @@
 """Real page images for the tests (PNG, JPEG, TIFF, WebP), generated with Pillow.
 
-Each page carries the identity marker of ``olmocr_tasks.testing.page_marker`` and the text line of
+Each page carries the identity marker of ``olmocr_testkit.page_marker`` and the text line of
 ``pdfgen.page_line``, as a generated PDF page does, so the vLLM stand-in names the document and page
 it was shown and the reader-view checks apply unchanged. The awkward inputs a scanned archive holds
 (16-bit grayscale, CMYK, palettes, transparency, EXIF orientation, hundreds of TIFF pages, truncated
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 from PIL import Image, ImageDraw, ImageFont
 
-from olmocr_tasks.testing.page_marker import SENTINEL_RGB, identity_rgb, read_marker, square_boxes
-from olmocr_tasks.testing.pdfgen import FONT_SIZE, page_line
+from olmocr_testkit.page_marker import SENTINEL_RGB, identity_rgb, read_marker, square_boxes
+from olmocr_testkit.pdfgen import FONT_SIZE, page_line
 
 __all__ = [
     "EXIF_ORIENTATION",

@@ -1,6 +1,6 @@
 """Real PDFs for the tests, generated on the fly with reportlab (and pypdf where reportlab cannot).
 
-Every page that has content carries the identity marker of ``olmocr_tasks.testing.page_marker`` so a render can be
+Every page that has content carries the identity marker of ``olmocr_testkit.page_marker`` so a render can be
 traced back to its document and page, and a line of real text ``Document {doc_id} page {n}: ...``.
 The hostile inputs (encrypted, truncated, malformed, ...) are built from the same generator so they
 differ from a good PDF only in the property under test.
@@ -26,7 +26,7 @@ from reportlab.lib.pdfencrypt import StandardEncryption
 from reportlab.lib.utils import ImageReader
 from reportlab.pdfgen.canvas import Canvas
 
-from olmocr_tasks.testing.page_marker import SENTINEL_RGB, identity_rgb, square_boxes
+from olmocr_testkit.page_marker import SENTINEL_RGB, identity_rgb, square_boxes
 
 PageSize = tuple[float, float]
 

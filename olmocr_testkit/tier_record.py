@@ -4,7 +4,7 @@
 ``deployment``) as a pytest process of its own beside the rest of the suite, because the tier's tests
 share one expensive package-scoped fixture. It names a file in ``OLMOCR_TIER_RECORD``; the tests of a
 solo tier (``tests/conftest.py``), the deployment harness and the compose tier's stack at each start
-append one JSON line to it, with their process id. ``python -m olmocr_tasks.testing.tier_record FILE``
+append one JSON line to it, with their process id. ``python -m olmocr_testkit.tier_record FILE``
 then fails when a tier's tests ran in more than one process (two deployments on a 2-core machine,
 module fixtures run twice) or a tier started its
 deployment more than once. Without the variable (a plain ``pytest`` run) nothing is recorded.
@@ -93,7 +93,7 @@ def summary(entries: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m olmocr_tasks.testing.tier_record", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m olmocr_testkit.tier_record", description=__doc__)
     parser.add_argument("record", help="the JSON-lines record the tiers appended to")
     parser.add_argument("--ran", action="append", default=[], metavar="TIER", help="a tier whose process passed")
     parser.add_argument("--whole-suite", action="store_true", help="the run was the whole suite (no selection)")

@@ -15,7 +15,7 @@ from pypdf import PdfReader, PdfWriter
 
 from olmocr_tasks.location.manifest_reader import read_manifest
 from olmocr_tasks.storage.store import Storage
-from olmocr_tasks.testing.pdfgen import text_pdf
+from olmocr_testkit.pdfgen import text_pdf
 
 REGION = "us-east-1"
 # moto accepts any credentials; these name themselves so they are never mistaken for real ones.

@@ -1,6 +1,6 @@
-"""Dev support on the Airflow side: the driver ``olmocr_tasks.testing.airflow_env.AirflowEnv.dag_test`` runs.
+"""The ``dag.test()`` driver ``olmocr_testkit.airflow_env.AirflowEnv.dag_test`` runs in a subprocess.
 
-    python -m olmocr_tasks.provider.testing dag-test DAG_ID [--logical-date ISO|none|now] [--conf JSON]
+    python -m olmocr_testkit.dag_test_driver dag-test DAG_ID [--logical-date ISO|none|now] [--conf JSON]
 
 It runs the DAG with ``dag.test()`` in the environment it was started with and prints
 ``DAG_TEST_RESULT {"state": ..., "run_id": ..., ...}`` as its last line; the exit status is 0 only for a
@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from olmocr_tasks.testing.airflow_env import RESULT_PREFIX
+from olmocr_testkit.airflow_env import RESULT_PREFIX
 
 
 def _dag_test(args: argparse.Namespace) -> int:
@@ -46,7 +46,7 @@ def _dag_test(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m olmocr_tasks.provider.testing")
+    parser = argparse.ArgumentParser(prog="python -m olmocr_testkit.dag_test_driver")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("dag-test", help="run one DAG run with dag.test()")
     run.add_argument("dag_id")

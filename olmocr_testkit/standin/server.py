@@ -10,7 +10,7 @@ arrival order, or by the request's ``priority`` under ``scheduling_policy="prior
 Two ways to run it:
 
 * ``StandinServer``: in-process, on a background thread with its own event loop (fixtures).
-* ``python -m olmocr_tasks.testing.standin``: a separate process (benchmarks), see ``__main__.py`` here.
+* ``python -m olmocr_testkit.standin``: a separate process (benchmarks), see ``__main__.py`` here.
 
 All mutable state lives on the server's event loop; the thread wrapper marshals every call onto it.
 """
@@ -46,9 +46,9 @@ from olmocr_tasks.inference.guided import STRUCTURED_OUTPUTS, field_for_version
 from olmocr_tasks.inference.vllm_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from olmocr_tasks.inference.vllm_metrics import ServerMetrics, render_vllm_metrics
 from olmocr_tasks.page.protocol import PROMPT_V4, format_front_matter
-from olmocr_tasks.testing.page_marker import Marker, read_marker
+from olmocr_testkit.page_marker import Marker, read_marker
 
-log = logging.getLogger("olmocr_tasks.testing.standin")
+log = logging.getLogger("olmocr_testkit.standin")
 
 # Faults answered before the request reaches the scheduler: a proxy or an overloaded front end
 # rejects them at once, so they never occupy a running slot.

@@ -44,10 +44,9 @@ from typing import Any
 
 import httpx
 
-from olmocr_tasks.testing import tier_record
-from olmocr_tasks.testing.ports import PORT_ATTEMPTS, address_in_use, free_port
+from olmocr_testkit import REPO_ROOT, tier_record
+from olmocr_testkit.ports import PORT_ATTEMPTS, address_in_use, free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 OUTPUT_ROOT = REPO_ROOT / "test-output" / "deployment"
 POOL = "olmocr_vllm"
 HIGH_PRIORITY_POOL = "olmocr_vllm_high"
@@ -457,7 +456,7 @@ class AirflowCluster:
             "AIRFLOW__CORE__PARALLELISM": "16",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "AIRFLOW__CORE__FERNET_KEY": self._secrets["fernet"],
-            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "olmocr_tasks.testing.worker_identity.worker_hostname",
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "olmocr_testkit.worker_identity.worker_hostname",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api_url}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
@@ -755,7 +754,7 @@ class Deployment:
 
     cluster: AirflowCluster
     moto_url: str
-    standin: Any  # olmocr_tasks.testing.standin.process.StandinProcess
+    standin: Any  # olmocr_testkit.standin.process.StandinProcess
     bucket: str
     queue_url: str
     api: AirflowApi
@@ -804,9 +803,9 @@ def deployment(moto_url: str, *, pool_slots: int = 3, workers: int = 2) -> Itera
     """Start the whole test deployment; everything is stopped when the block exits, however it exits."""
     import boto3
 
-    from olmocr_tasks.testing.airflow_env import aws_connection, vllm_connection
-    from olmocr_tasks.testing.bucket import DUMMY_KEY, DUMMY_SECRET, REGION
-    from olmocr_tasks.testing.standin.process import start_standin_process
+    from olmocr_testkit.airflow_env import aws_connection, vllm_connection
+    from olmocr_testkit.bucket import DUMMY_KEY, DUMMY_SECRET, REGION
+    from olmocr_testkit.standin.process import start_standin_process
 
     work_dir = session_dir()
     # make test checks afterwards that this happened once in its run (tier_record).

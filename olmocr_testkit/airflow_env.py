@@ -4,9 +4,9 @@ Airflow reads its configuration when it is first imported, so the tests never im
 every Airflow action runs in a subprocess started with ``AirflowEnv.env``. Connections are passed
 as ``AIRFLOW_CONN_<ID>`` variables (JSON form), so each test can point them at its own servers.
 
-``AirflowEnv.dag_test`` runs one DAG run through the driver in ``olmocr_tasks.provider.testing``
-(which imports Airflow, so it lives on the provider side). Paths are this checkout's (``dags/``,
-``plugins/``): this is dev support for an editable install, not for a built wheel.
+``AirflowEnv.dag_test`` runs one DAG run through the driver in ``olmocr_testkit.dag_test_driver``
+(the one module here that imports Airflow, run only in that subprocess). Paths are this checkout's
+(``dags/``, ``plugins/``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from olmocr_tasks.testing import REPO_ROOT
+from olmocr_testkit import REPO_ROOT
 
-# The driver prints its summary on a line starting with this (olmocr_tasks.provider.testing).
+# The driver prints its summary on a line starting with this (olmocr_testkit.dag_test_driver).
 RESULT_PREFIX = "DAG_TEST_RESULT "
 POOL = "olmocr_vllm"
 
@@ -128,7 +128,7 @@ class AirflowEnv:
         timeout: float = 600,
     ) -> DagTestResult:
         """Run one manual DAG run to completion in a subprocess; ``logical_date`` None = no logical date."""
-        command = [sys.executable, "-m", "olmocr_tasks.provider.testing", "dag-test", dag_id]
+        command = [sys.executable, "-m", "olmocr_testkit.dag_test_driver", "dag-test", dag_id]
         command += ["--logical-date", "none" if logical_date is None else logical_date]
         if conf is not None:
             command += ["--conf", json.dumps(conf)]

@@ -1,6 +1,6 @@
 """Run the vLLM stand-in as its own process.
 
-    python -m olmocr_tasks.testing.standin --port 0 --model NAME --latency 1.0 --capacity 16
+    python -m olmocr_testkit.standin --port 0 --model NAME --latency 1.0 --capacity 16
 
 When it is listening it prints one JSON line on stdout (``url`` ends in ``/v1``; ``control_url`` is a
 second listener for the ``/_control`` API that stays up during a ``refuse`` outage), then serves until
@@ -19,7 +19,7 @@ import signal
 import sys
 from typing import Any
 
-from olmocr_tasks.testing.standin.server import StandinConfig, VllmStandin
+from olmocr_testkit.standin.server import StandinConfig, VllmStandin
 
 
 def _pairs(values: list[str], option: str) -> dict[str, str]:
@@ -33,7 +33,7 @@ def _pairs(values: list[str], option: str) -> dict[str, str]:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict[str, Any]]:
-    parser = argparse.ArgumentParser(prog="python -m olmocr_tasks.testing.standin", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m olmocr_testkit.standin", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--control-port", type=int, default=0, help="-1 serves /_control on --port only")
