@@ -110,6 +110,19 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         "on an OpenAI-compatible server.",
         epilog=CONVERT_EXIT_CODES,
     )
+    _add_convert_sources(parser)
+    _add_server_connection(parser)
+    _add_run_options(parser)
+    _add_retry_options(parser)
+    _add_timeout_options(parser)
+    _add_hedging_options(parser)
+    _add_request_options(parser)
+    _add_rendering_options(parser)
+    parser.set_defaults(func=_convert)
+
+
+def _add_convert_sources(parser: argparse.ArgumentParser) -> None:
+    """What to convert and where to: the input, the formats discovered in it, the output."""
     parser.add_argument("input", help="a document file, a local folder (recursive) or s3://bucket/prefix")
     parser.add_argument(
         "--formats",
@@ -120,6 +133,10 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         "discovery lists only their extensions and other content fails as unsupported_format",
     )
     parser.add_argument("output", help="a local folder or s3://bucket/prefix")
+
+
+def _add_server_connection(parser: argparse.ArgumentParser) -> None:
+    """The inference server: its replicas, model and API key."""
     parser.add_argument(
         "--server",
         action="append",
@@ -128,6 +145,10 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"served model name (default {DEFAULT_MODEL})")
     parser.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the Bearer API key")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """One run: its name, its request window, its page and error budgets, what it converts and writes."""
     parser.add_argument("--run-id", help="manifest name (default: cli-<UTC timestamp>-<random suffix>)")
     parser.add_argument(
         "--max-concurrent-requests", type=_positive_int, default=ConcurrencySettings.max_concurrent_requests
@@ -151,6 +172,10 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-markdown", action="store_true", help="write Dolma JSONL only")
     parser.add_argument("--reprocess", action="store_true", help="convert again even if already converted")
     parser.add_argument("--max-documents", type=_positive_int, help="convert at most this many documents")
+
+
+def _add_retry_options(parser: argparse.ArgumentParser) -> None:
+    """Documents that failed in earlier runs: when they are retried, and when a run's claim on one lapses."""
     _add_max_failed_attempts(parser)
     parser.add_argument("--retry-dead-letters", action="store_true", help="convert dead letters once more")
     parser.add_argument(
@@ -169,6 +194,10 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         help="how long a document claim lasts without renewal before another run may take the document over "
         "(default: twice the read timeout plus the connect timeout)",
     )
+
+
+def _add_timeout_options(parser: argparse.ArgumentParser) -> None:
+    """How long to wait for an answer, for a server that stopped answering, and for one to be ready."""
     parser.add_argument(
         "--read-timeout", type=float, default=TimeoutSettings.read_timeout_s, help="seconds to wait for one answer"
     )
@@ -184,6 +213,10 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         default=TimeoutSettings.readiness_timeout_s,
         help="seconds to wait for the server to be ready",
     )
+
+
+def _add_hedging_options(parser: argparse.ArgumentParser) -> None:
+    """When a slow page gets a second request (``inference.hedging``)."""
     parser.add_argument(
         "--hedge-min-delay",
         type=_positive_float,
@@ -207,6 +240,10 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         f"time since the queue emptied (default {HedgeSettings.hedge_idle_multiple:g})",
     )
     parser.add_argument("--no-hedging", action="store_true", help="never send a second request for a slow page")
+
+
+def _add_request_options(parser: argparse.ArgumentParser) -> None:
+    """How requests are sent and accounted: cost estimate, TLS, guided decoding, adaptive window."""
     parser.add_argument("--gpu-hour-price", type=float, help="price of one GPU hour, for the cost estimate")
     parser.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
     parser.add_argument(
@@ -219,6 +256,10 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="keep --max-concurrent-requests in flight instead of adapting to vLLM's /metrics queue",
     )
+
+
+def _add_rendering_options(parser: argparse.ArgumentParser) -> None:
+    """Rendering: its worker processes and the limits that stop hostile or oversized documents."""
     parser.add_argument("--render-workers", type=_positive_int, help="PDFium worker processes (default: per core)")
     limits = parser.add_argument_group(
         "document limits (hostile or oversized inputs fail as too_large or too_many_pages)"
@@ -265,7 +306,6 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="address space of one render worker; a page that needs more fails its document as too_large",
     )
-    parser.set_defaults(func=_convert)
 
 
 def default_run_id(now: datetime | None = None) -> str:

@@ -24,9 +24,11 @@ What it adds over a bare HTTP client, each in answer to a failure seen with olmO
   (``priority``);
 * olmOCR's guided decoding, in the field the servers' vLLM version reads (``guided``), when asked.
 
-This module keeps the HTTP exchange and the retry loop (its bookkeeping and backoff live in
-``request_retries``); each other policy lives in its own module. The HTTP transport can be injected
-(``transport``): unit tests answer with ``httpx.MockTransport``.
+This module keeps a page's way through them: its place in the window, its body, its race against hedges
+and the outage. ``request_sender`` sends one request with its retries (their bookkeeping and backoff
+live in ``request_retries``); each other policy lives in its own module, and ``client_factory`` builds
+the client from ``ServerSettings``. The HTTP transport can be injected there (``transport``): unit tests
+answer with ``httpx.MockTransport``.
 The API key only ever travels in the ``Authorization`` header; exception texts and stats are redacted.
 """
 
@@ -35,57 +37,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import functools
-import json
-import logging
-import time
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from olmocr_tasks.core.config import ServerSettings
-from olmocr_tasks.core.errors import (
-    AttemptFailed,
-    ConfigurationError,
-    ServerMisconfigured,
-    ServerUnavailable,
-)
-from olmocr_tasks.core.gpu_busy import GpuBusy
-from olmocr_tasks.core.redaction import redact, redact_url
-from olmocr_tasks.inference.backpressure import InFlightWindow, MetricsPoller, metrics_url_for
-from olmocr_tasks.inference.gpu_busy import GpuBusyMeter
+from olmocr_tasks.core.errors import ServerMisconfigured, ServerUnavailable
+from olmocr_tasks.inference.backpressure import InFlightWindow, MetricsPoller
+from olmocr_tasks.inference.gpu_busy import GpuBusy, GpuBusyMeter
 from olmocr_tasks.inference.guided import server_field, with_guided_decoding
-from olmocr_tasks.inference.hedger import Hedger, QueueView, hedge_cap
-from olmocr_tasks.inference.hedging import HedgePolicy
-from olmocr_tasks.inference.outage import OutageBreaker
+from olmocr_tasks.inference.hedger import Hedger
 from olmocr_tasks.inference.outage_watch import OutageWatch
-from olmocr_tasks.inference.priority import check_scheduling_policy, with_priority
-from olmocr_tasks.inference.readiness import ModelsProbe, check_ready
+from olmocr_tasks.inference.priority import with_priority
+from olmocr_tasks.inference.readiness import check_ready
 from olmocr_tasks.inference.replicas import COOLOFF_INITIAL_S, Replica, ReplicaSet, ReplicaStats
-from olmocr_tasks.inference.request_retries import CallState, Retryable, backoff_delay, retry_after_seconds
-from olmocr_tasks.page.protocol import usage_tokens
+from olmocr_tasks.inference.request_retries import CallState
+from olmocr_tasks.inference.request_sender import RequestSender
 
-log = logging.getLogger(__name__)
-
-# Connections beyond the request window: readiness and /metrics polls must never queue behind pages.
-_CONNECTION_HEADROOM = 4
-# uvicorn (vLLM's HTTP server) closes idle keep-alive connections after 5 s; expiring ours sooner
-# avoids reusing a connection the server is closing, which fails the request mid-flight.
-_KEEPALIVE_EXPIRY_S = 3.0
-_ERROR_SNIPPET_CHARS = 300
-# Outage probes ask a question a live server answers at once, whatever its queue.
-_PROBE_TIMEOUT_S = 10.0
+# Outage probes and the guided-decoding question ask what a live server answers at once, whatever its queue.
+PROBE_TIMEOUT_S = 10.0
 
 _slot_owner: contextvars.ContextVar[object | None] = contextvars.ContextVar("olmocr_slot_owner", default=None)
-
-Sleep = Callable[[float], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -107,129 +83,49 @@ class ClientStats:
     probes_failed: int = 0
 
 
-class _QuietRequestLines(logging.Filter):
-    """httpx logs every request at INFO; with thousands of pages that drowns Airflow task logs.
-
-    The lines stay available when the ``httpx`` logger is explicitly set to DEBUG.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith("HTTP Request:"):
-            return True
-        return logging.getLogger("httpx").getEffectiveLevel() <= logging.DEBUG
-
-
-def _install_httpx_filter() -> None:
-    httpx_logger = logging.getLogger("httpx")
-    if not any(isinstance(existing, _QuietRequestLines) for existing in httpx_logger.filters):
-        httpx_logger.addFilter(_QuietRequestLines())
-
-
 class InferenceClient:
     """Talks to the inference replicas for every document a process converts.
 
-    Use as ``async with InferenceClient(settings) as client``; page workers take ``client.slot()``
-    before rendering a page and call ``complete()`` inside it, so rendering is bounded by the same
-    window as requests and memory stays flat.
+    Built by ``client_factory.build_client(settings)`` and used as ``async with build_client(settings) as
+    client``; page workers take ``client.slot()`` before rendering a page and call ``complete()`` inside
+    it, so rendering is bounded by the same window as requests and memory stays flat.
 
-    ``clock`` is what budgets and the outage window are measured with and ``sleep`` what retry
-    backoffs wait with; tests inject their own to observe them. ``transport`` replaces the HTTP
-    transport of every request (pages, probes, ``/metrics``), e.g. an ``httpx.MockTransport``; its
-    own connection pool and TLS settings then apply instead of the ones built here.
+    ``control_http`` is the client of probes and ``/metrics`` polls, sent with ``headers`` (the
+    credentials); pages go through ``sender``. ``poller`` reads ``/metrics`` for an adaptive window.
     """
 
     def __init__(
         self,
         settings: ServerSettings,
         *,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Sleep = asyncio.sleep,
-        transport: httpx.AsyncBaseTransport | None = None,
+        replicas: ReplicaSet,
+        control_http: httpx.AsyncClient,
+        headers: Mapping[str, str],
+        window: InFlightWindow,
+        outage: OutageWatch,
+        hedger: Hedger,
+        poller: MetricsPoller | None,
+        gpu_busy: GpuBusyMeter,
+        sender: RequestSender,
+        clock: Callable[[], float],
     ) -> None:
-        connection, timeouts, concurrency = settings.connection, settings.timeouts, settings.concurrency
-        if not connection.base_urls:
-            raise ConfigurationError("ServerSettings.base_urls is empty")
-        for url in connection.base_urls:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ConfigurationError(f"inference server URL must be http(s)://host[:port]/path: {redact_url(url)}")
-        check_scheduling_policy(concurrency.scheduling_policy)
         self._settings = settings
+        self._replicas = replicas
+        self._control_http = control_http
+        self._headers = dict(headers)
+        self._window = window
+        self._limiter = window.limiter
+        self._outage = outage
+        self._breaker = outage.breaker
+        self._hedger = hedger
+        self._poller = poller
+        self._gpu_busy = gpu_busy
+        self._sender = sender
         self._clock = clock
-        self._sleep = sleep
-        self._secrets: list[str | None] = [connection.api_key]
-        for url in connection.base_urls:
-            self._secrets.append(urlsplit(url).password)
-        self._replicas = ReplicaSet(
-            Replica(
-                url,
-                ModelsProbe(url, connection.model, api_key=connection.api_key, secrets=self._secrets),
-                metrics_url_for(url),
-            )
-            for url in connection.base_urls
-        )
-        headers = {"Content-Type": "application/json"}
-        if connection.api_key:
-            headers["Authorization"] = f"Bearer {connection.api_key}"
-        self._headers = headers
-        # Hedges go beyond the window (at most a quarter of it at once, see hedger.hedge_cap).
-        connections = concurrency.max_concurrent_requests + hedge_cap(concurrency.max_concurrent_requests)
-        connections += len(self._replicas) + _CONNECTION_HEADROOM
-        # Probes and /metrics polls have their own small pool: they must never wait behind pages
-        # (hung requests included) for a connection.
-        self._control_http = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=2 * len(self._replicas) + _CONNECTION_HEADROOM),
-            verify=connection.verify_tls,
-            follow_redirects=False,
-            transport=transport,
-        )
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(
-                connect=timeouts.connect_timeout_s,
-                read=timeouts.read_timeout_s,
-                write=timeouts.write_timeout_s,
-                # Our own slot bounds concurrency; waiting for a pooled connection is not a failure.
-                pool=None,
-            ),
-            limits=httpx.Limits(
-                max_connections=connections,
-                max_keepalive_connections=connections,
-                keepalive_expiry=_KEEPALIVE_EXPIRY_S,
-            ),
-            verify=connection.verify_tls,
-            http1=True,
-            http2=False,
-            follow_redirects=False,
-            transport=transport,
-        )
-        # httpx's own transport reports when a request's body has been written (the trace extension);
-        # an injected one may not, and then hedging judges a request from when it was sent.
-        self._traces_delivery = transport is None
-        _install_httpx_filter()
-        self._window = InFlightWindow(
-            floor=concurrency.min_concurrent_requests,
-            ceiling=concurrency.max_concurrent_requests,
-            adaptive=concurrency.adaptive_concurrency,
-            served_first=concurrency.scheduling_policy == "priority" and concurrency.priority < 0,
-        )
-        self._limiter = self._window.limiter
-        self._breaker = OutageBreaker(settings.retries.outage_window_s, clock)
-        self._outage = OutageWatch(self._breaker, self._probe_server, self._describe_exception)
-        self._hedger = Hedger(
-            HedgePolicy(settings.hedging, timeouts.read_timeout_s),
-            QueueView(self._replicas, self._window, clock),
-            clock,
-            recheck_s=concurrency.metrics_poll_interval_s,
-        )
-        self._poller: MetricsPoller | None = None
-        self._gpu_busy = GpuBusyMeter()
         # The field guided decoding travels in, chosen from the replicas' vLLM version before the first page.
         self._guided_field: str | None = None
         self._guided_lock = asyncio.Lock()
         self._closed = False
-        self._requests = 0
-        self._retries = 0
-        self._outcomes: Counter[str] = Counter()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -250,24 +146,13 @@ class InferenceClient:
         await self._outage.aclose()
         if self._poller is not None:
             await self._poller.stop()
-        await self._http.aclose()
+        await self._sender.http.aclose()
         await self._control_http.aclose()
 
     def _ensure_started(self) -> None:
         if self._closed:
             raise RuntimeError("InferenceClient is closed")
-        if self._window.adaptive and self._poller is None:
-            self._poller = MetricsPoller(
-                self._control_http,
-                list(self._replicas),
-                self._window,
-                interval_s=self._settings.concurrency.metrics_poll_interval_s,
-                headers=self._headers_without_body(),
-                keep_going=lambda: not self._breaker.is_open,
-                meter=self._gpu_busy,
-                clock=self._clock,
-                describe=self._describe_exception,
-            )
+        if self._poller is not None:
             self._poller.start()
 
     async def finish_gpu_busy(self) -> GpuBusy:
@@ -308,11 +193,11 @@ class InferenceClient:
             return None
         async with self._guided_lock:
             if self._guided_field is None:
-                timeout = httpx.Timeout(_PROBE_TIMEOUT_S)
+                timeout = httpx.Timeout(PROBE_TIMEOUT_S)
                 asked = replicas if replicas else list(self._replicas)
                 fields = {
                     replica.display: await server_field(
-                        self._control_http, replica.base_url, replica.display, self._headers_without_body(), timeout
+                        self._control_http, replica.base_url, replica.display, self._headers, timeout
                     )
                     for replica in asked
                 }
@@ -376,9 +261,7 @@ class InferenceClient:
         # The retry loop runs as its own task so an opening breaker can cut short a backoff sleep or
         # a hung request at once instead of letting every caller wait out its budget.
         work = asyncio.ensure_future(
-            self._hedger.race(
-                lambda: CallState(self._clock()), lambda call: self._complete_with_retries(body, call), on_hedge
-            )
+            self._hedger.race(lambda: CallState(self._clock()), lambda call: self._sender.send(body, call), on_hedge)
         )
         try:
             await asyncio.wait({work, self._outage.opened()}, return_when=asyncio.FIRST_COMPLETED)
@@ -390,180 +273,16 @@ class InferenceClient:
             return work.result()
         work.cancel()
         await asyncio.gather(work, return_exceptions=True)
-        self._outcomes["unavailable"] += 1
+        self._sender.outcomes["unavailable"] += 1
         raise ServerUnavailable(self._breaker.open_message or "inference server unavailable")
-
-    async def _complete_with_retries(self, body: bytes, call: CallState) -> dict[str, Any]:
-        retrying = AsyncRetrying(
-            stop=lambda state: self._should_stop(state, call),
-            wait=lambda state: self._backoff(state, call),
-            retry=retry_if_exception_type(Retryable),
-            before_sleep=lambda state: self._count_retry(state, call),
-            sleep=self._sleep,
-            reraise=True,
-        )
-        try:
-            return await retrying(self._attempt, body, call)
-        except Retryable as exc:
-            if self._breaker.is_open:
-                raise ServerUnavailable(self._breaker.open_message or "") from None
-            self._outcomes["budget_exhausted"] += 1
-            raise AttemptFailed(
-                f"transport: {exc.message} (retry budget of {self._settings.retries.request_retry_budget_s:g} s spent)"
-            ) from None
-        finally:
-            self._breaker.call_finished(call)
-            self._outage.watch()
-
-    def _should_stop(self, state: RetryCallState, call: CallState) -> bool:
-        if self._breaker.is_open:
-            return True
-        spent = self._clock() - call.started + state.upcoming_sleep
-        if spent < self._settings.retries.request_retry_budget_s:
-            return False
-        # Give up on this page only if the server demonstrably works (it answered a request or a probe
-        # since our previous attempt started); otherwise this may be an outage, which the breaker
-        # must decide.
-        return self._breaker.alive_since(call.previous_attempt_started)
-
-    def _backoff(self, state: RetryCallState, call: CallState) -> float:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        if self._replicas.candidates(call.failed_replicas, self._clock(), strict=True):
-            # Another replica has not failed this call yet: try it now, the failure was local.
-            return 0.0
-        call.failed_replicas.clear()
-        call.backoff_rounds += 1
-        retry_after = exc.retry_after if isinstance(exc, Retryable) else None
-        return backoff_delay(self._settings.retries, call.backoff_rounds, retry_after)
-
-    def _count_retry(self, state: RetryCallState, call: CallState) -> None:
-        call.backing_off = True
-        self._retries += 1
-        exc = state.outcome.exception() if state.outcome is not None else None
-        log.debug("retrying in %.2f s after %s", state.upcoming_sleep, exc)
-
-    async def _trace_delivery(self, call: CallState, event: str, info: Mapping[str, Any]) -> None:
-        """httpcore's connection events of one attempt: once its body is written (or the write failed
-        and the server may answer anyway), the server may hold it."""
-        if event.endswith((".send_request_body.complete", ".send_request_body.failed")):
-            call.delivered_at, call.in_transit = self._clock(), False
-
-    async def _attempt(self, body: bytes, call: CallState) -> dict[str, Any]:
-        replica = self._replicas.pick(call.failed_replicas, self._clock())
-        started = self._clock()
-        call.previous_attempt_started = call.last_attempt_started
-        call.last_attempt_started = started
-        call.backing_off = False
-        call.delivered_at, call.in_transit = None, self._traces_delivery
-        replica.outstanding += 1
-        replica.requests += 1
-        self._requests += 1
-        try:
-            response = await self._http.post(
-                replica.completions_url,
-                content=body,
-                headers=self._headers,
-                extensions={"trace": functools.partial(self._trace_delivery, call)},
-            )
-        except httpx.ConnectTimeout as exc:
-            raise self._failed(call, replica, started, "connect", exc) from None
-        except httpx.TimeoutException as exc:
-            raise self._failed(call, replica, started, "timeout", exc) from None
-        except httpx.ConnectError as exc:
-            raise self._failed(call, replica, started, "connect", exc) from None
-        except (httpx.TransportError, OSError) as exc:
-            # Resets, dropped connections, protocol garbage and local EMFILE all look alike to a page.
-            raise self._failed(call, replica, started, "transport", exc) from None
-        except httpx.HTTPError as exc:
-            # The server answered, but the body could not be decoded (e.g. a broken gzip stream).
-            self._outcomes["bad_body"] += 1
-            raise AttemptFailed(f"unreadable answer: {self._describe_exception(exc)}") from None
-        finally:
-            replica.outstanding -= 1
-        return self._handle_response(call, replica, started, response)
-
-    def _handle_response(
-        self, call: CallState, replica: Replica, started: float, response: httpx.Response
-    ) -> dict[str, Any]:
-        status = response.status_code
-        if status == 429 or status >= 500:
-            kind = "http_429" if status == 429 else "http_5xx"
-            message = f"HTTP {status} from {replica.display}{self._snippet(response)}"
-            failure = Retryable(kind, message, replica, retry_after_seconds(response))
-            self._record_failure(call, replica, started, failure)
-            raise failure
-        # Whatever else it answered, the server is up: that is progress as far as outages go.
-        self._breaker.success(self._clock())
-        self._outage.watch()
-        replica.answered()
-        if status in (401, 403):
-            self._outcomes["auth"] += 1
-            raise ServerMisconfigured(
-                f"{replica.display} answered HTTP {status} to a completion request: the API key is missing or wrong"
-            )
-        if status != 200:
-            self._outcomes["http_4xx"] += 1
-            raise AttemptFailed(f"HTTP {status}{self._snippet(response)}")
-        try:
-            payload = json.loads(response.content)
-        except ValueError:
-            self._outcomes["bad_json"] += 1
-            raise AttemptFailed("HTTP 200 with a body that is not JSON") from None
-        if not isinstance(payload, dict):
-            self._outcomes["bad_json"] += 1
-            raise AttemptFailed("HTTP 200 with a JSON body that is not an object")
-        replica.successes += 1
-        self._gpu_busy.count_tokens(replica, usage_tokens(payload))
-        self._outcomes["ok"] += 1
-        self._hedger.policy.record(self._clock() - started)
-        return payload
-
-    def _failed(self, call: CallState, replica: Replica, started: float, kind: str, exc: BaseException) -> Retryable:
-        failure = Retryable(kind, f"{self._describe_exception(exc)} ({replica.display})", replica)
-        self._record_failure(call, replica, started, failure)
-        return failure
-
-    def _record_failure(self, call: CallState, replica: Replica, started: float, failure: Retryable) -> None:
-        self._outcomes[failure.kind] += 1
-        replica.failed(failure.kind, self._clock())
-        call.failed_replicas.add(replica)
-        self._breaker.failure(call, started, failure.message, failure.kind)
-        self._outage.watch()
-        log.debug("request to %s failed: %s", replica.display, failure.message)
-
-    # -- outage ----------------------------------------------------------------------------------
-
-    async def _probe_server(self) -> str | None:
-        """Is the server up although requests fail? Any replica listing the model says it is (None);
-        otherwise, why none does."""
-        timeout = httpx.Timeout(min(_PROBE_TIMEOUT_S, max(0.05, self._settings.retries.outage_window_s / 4)))
-        results = await asyncio.gather(*(r.probe.probe(self._control_http, timeout) for r in self._replicas))
-        if any(result.ready for result in results):
-            return None
-        return "; ".join(f"{r.display}: {res.detail}" for r, res in zip(self._replicas, results, strict=True))
-
-    # -- helpers ---------------------------------------------------------------------------------
-
-    def _describe_exception(self, exc: BaseException) -> str:
-        text = str(exc) or repr(exc)
-        return redact(f"{type(exc).__name__}: {text}", self._secrets)[:_ERROR_SNIPPET_CHARS]
-
-    def _snippet(self, response: httpx.Response) -> str:
-        text = response.text.strip().replace("\n", " ")
-        if not text:
-            return ""
-        return ": " + redact(text, self._secrets)[:_ERROR_SNIPPET_CHARS]
-
-    def _headers_without_body(self) -> dict[str, str]:
-        return {key: value for key, value in self._headers.items() if key != "Content-Type"}
 
     # -- stats -----------------------------------------------------------------------------------
 
     def stats(self) -> ClientStats:
         return ClientStats(
-            requests=self._requests,
-            retries=self._retries,
-            outcomes=dict(self._outcomes),
+            requests=self._sender.requests,
+            retries=self._sender.retries,
+            outcomes=dict(self._sender.outcomes),
             in_flight=self._replicas.outstanding,
             slots_in_use=self._limiter.in_use,
             window=self._limiter.limit,

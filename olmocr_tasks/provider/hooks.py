@@ -31,7 +31,7 @@ from airflow.sdk import BaseHook
 
 from olmocr_tasks.core.config import DEFAULT_MODEL, ServerSettings, positive_number
 from olmocr_tasks.core.errors import ConfigurationError
-from olmocr_tasks.inference.client import InferenceClient
+from olmocr_tasks.inference.client_factory import build_client
 from olmocr_tasks.inference.priority import check_scheduling_policy
 from olmocr_tasks.provider import CONNECTION_TYPE, DEFAULT_CONN_ID
 from olmocr_tasks.storage.store import Storage
@@ -189,7 +189,7 @@ class VllmHook(BaseHook):
 
 async def _check_ready(settings: ServerSettings) -> list[str]:
     # Metrics polling is for conversions; a readiness probe does not need it running.
-    async with InferenceClient(dataclasses.replace(settings, adaptive_concurrency=False)) as client:
+    async with build_client(dataclasses.replace(settings, adaptive_concurrency=False)) as client:
         return await client.check_ready()
 
 

@@ -44,7 +44,7 @@ from olmocr_tasks.core.errors import (
 from olmocr_tasks.core.formats import check_format, read_head
 from olmocr_tasks.core.gpu_busy import GpuBusy
 from olmocr_tasks.core.redaction import redact
-from olmocr_tasks.inference.client import InferenceClient
+from olmocr_tasks.inference.client_factory import build_client
 from olmocr_tasks.location.claims import Blocked, Claim, ClaimBook
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.ledger import Ledger
@@ -145,7 +145,7 @@ class ConversionEngine:
         self._progress = progress
         self._reprocess = reprocess
         self._task_context = task_context
-        self._client = InferenceClient(settings.server)
+        self._client = build_client(settings.server)
         self._renderer = RenderPool(
             workers=settings.render_workers,
             png_compress_level=settings.page.png_compress_level,

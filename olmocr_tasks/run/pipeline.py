@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from olmocr_tasks.core.config import ConversionSettings
 from olmocr_tasks.core.errors import ServerMisconfigured
 from olmocr_tasks.core.gpu_busy import NOTHING_SENT, GpuBusy
-from olmocr_tasks.inference.client import InferenceClient
+from olmocr_tasks.inference.client_factory import build_client
 from olmocr_tasks.location.claims import ClaimBook, ClaimHolder
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.ledger import Ledger
@@ -296,7 +296,7 @@ def check_server(settings: ConversionSettings) -> list[str]:
     """
 
     async def check() -> list[str]:
-        async with InferenceClient(settings.server) as client:
+        async with build_client(settings.server) as client:
             return await client.check_ready()
 
     return asyncio.run(check())

@@ -16,6 +16,7 @@ from olmocr_tasks.core.config import PageSettings, ServerSettings
 from olmocr_tasks.core.errors import AttemptFailed, ConfigurationError, ServerNotReady, ServerUnavailable
 from olmocr_tasks.inference.backpressure import high_water
 from olmocr_tasks.inference.client import InferenceClient
+from olmocr_tasks.inference.client_factory import build_client
 from olmocr_tasks.page.ladder import PageConverter
 from olmocr_tasks.page.protocol import RequestBodyBuilder
 from tests.fixtures.client import (
@@ -105,7 +106,7 @@ def test_success_sends_body_bytes_untouched_with_bearer_key() -> None:
 
     async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]]]:
         async with CaptureServer() as server:
-            async with InferenceClient(fast_server_settings(server.url, api_key=SECRET)) as client:
+            async with build_client(fast_server_settings(server.url, api_key=SECRET)) as client:
                 answer = await client.complete(body)
             return answer, server.seen
 
@@ -126,7 +127,7 @@ def test_success_against_standin_names_the_page(standin_factory: Factory) -> Non
     body = page_body(4, 2)
 
     async def scenario() -> tuple[dict[str, Any], Any]:
-        async with InferenceClient(fast_server_settings(server, api_key=SECRET)) as client:
+        async with build_client(fast_server_settings(server, api_key=SECRET)) as client:
             models = await client.check_ready()
             assert models == [server.model]
             answer = await client.complete(body)
@@ -149,7 +150,7 @@ def test_500_503_429_and_drop_are_retried_until_success(standin_factory: Factory
 
     async def scenario() -> tuple[dict[str, Any], Any]:
         settings = fast_server_settings(server, backoff_max_s=2.0, request_retry_budget_s=10)
-        async with InferenceClient(settings, sleep=sleep) as client:
+        async with build_client(settings, sleep=sleep) as client:
             answer = await client.complete(page_body(1, 1))
             return answer, client.stats()
 
@@ -170,7 +171,7 @@ def test_retry_after_is_capped_by_backoff_max(standin_factory: Factory) -> None:
     sleep = RecordingSleep()
 
     async def scenario() -> None:
-        async with InferenceClient(fast_server_settings(server, backoff_max_s=0.3), sleep=sleep) as client:
+        async with build_client(fast_server_settings(server, backoff_max_s=0.3), sleep=sleep) as client:
             await client.complete(page_body(1, 1))
 
     run(scenario())
@@ -186,7 +187,7 @@ def test_hang_hits_read_timeout_and_is_retried(standin_factory: Factory) -> None
         settings = fast_server_settings(
             server, read_timeout_s=READ_TIMEOUT_S, request_retry_budget_s=10, hedge_requests=False
         )
-        async with InferenceClient(settings) as client:
+        async with build_client(settings) as client:
             started = time.monotonic()
             await client.complete(page_body(1, 1))
             return time.monotonic() - started, client.stats()
@@ -214,7 +215,7 @@ def test_4xx_is_one_failed_attempt_at_once(
     standin = standin_factory(max_model_len=max_model_len)
 
     async def scenario() -> AttemptFailed:
-        async with InferenceClient(fast_server_settings(standin)) as client:
+        async with build_client(fast_server_settings(standin)) as client:
             with pytest.raises(AttemptFailed) as caught:
                 await client.complete(page_body(1, 1, builder))
             return caught.value
@@ -228,7 +229,7 @@ def test_200_with_broken_json_is_a_failed_attempt(standin_factory: Factory) -> N
     server = standin_factory(scripts={"1:1": ["bad_json"]})
 
     async def scenario() -> None:
-        async with InferenceClient(fast_server_settings(server)) as client:
+        async with build_client(fast_server_settings(server)) as client:
             with pytest.raises(AttemptFailed, match="not JSON"):
                 await client.complete(page_body(1, 1))
 
@@ -240,7 +241,7 @@ def test_wrong_api_key_raises_server_not_ready_without_the_key(standin_factory: 
     server = standin_factory(api_key="the-right-key-123")
 
     async def scenario() -> None:
-        async with InferenceClient(fast_server_settings(server, api_key=SECRET)) as client:
+        async with build_client(fast_server_settings(server, api_key=SECRET)) as client:
             with pytest.raises(ServerNotReady) as caught:
                 await client.complete(page_body(1, 1))
             assert "401" in str(caught.value) and "API key" in str(caught.value)
@@ -255,7 +256,7 @@ def test_budget_spent_on_one_failing_request_while_others_succeed(standin_factor
     server = standin_factory(always={"1:1": "500"}, latency_s=0.02)
 
     async def scenario() -> tuple[AttemptFailed, int, Any]:
-        async with InferenceClient(fast_server_settings(server, request_retry_budget_s=0.8)) as client:
+        async with build_client(fast_server_settings(server, request_retry_budget_s=0.8)) as client:
             done = asyncio.Event()
             succeeded = 0
 
@@ -302,7 +303,7 @@ def test_outage_longer_than_window_aborts_every_pending_call_promptly(standin_fa
         settings = fast_server_settings(
             server, outage_window_s=window, request_retry_budget_s=0.2, backoff_initial_s=1.0, backoff_max_s=10.0
         )
-        async with InferenceClient(settings, sleep=sleep) as client:
+        async with build_client(settings, sleep=sleep) as client:
             await client.complete(page_body(9, 1))  # warm connection pool
             server.refuse_for(None)
             started = time.monotonic()
@@ -336,7 +337,7 @@ def test_callers_queued_for_a_slot_learn_of_the_outage_before_rendering(standin_
 
     async def scenario() -> tuple[list[BaseException | None], int]:
         settings = fast_server_settings(server, outage_window_s=0.8, max_concurrent_requests=2)
-        async with InferenceClient(settings) as client:
+        async with build_client(settings) as client:
             server.refuse_for(None)
             rendered = 0
 
@@ -356,7 +357,7 @@ def test_callers_queued_for_a_slot_learn_of_the_outage_before_rendering(standin_
 
 def test_bad_base_url_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="http"):
-        InferenceClient(fast_server_settings("localhost:8000/v1"))
+        build_client(fast_server_settings("localhost:8000/v1"))
 
 
 def test_outage_shorter_than_window_is_ridden_out(standin_factory: Factory) -> None:
@@ -364,7 +365,7 @@ def test_outage_shorter_than_window_is_ridden_out(standin_factory: Factory) -> N
 
     async def scenario() -> tuple[list[dict[str, Any]], Any]:
         settings = fast_server_settings(server, outage_window_s=4.0, request_retry_budget_s=0.3, backoff_max_s=0.3)
-        async with InferenceClient(settings) as client:
+        async with build_client(settings) as client:
             server.refuse_for(1.2)
             answers = await asyncio.gather(*(client.complete(page_body(1, page)) for page in range(1, 9)))
             return answers, client.stats()
@@ -380,7 +381,7 @@ def test_stalled_server_opens_breaker_after_window(standin_factory: Factory) -> 
 
     async def scenario() -> tuple[list[BaseException | dict[str, Any]], float]:
         settings = fast_server_settings(server, outage_window_s=1.5, read_timeout_s=0.4, request_retry_budget_s=0.2)
-        async with InferenceClient(settings) as client:
+        async with build_client(settings) as client:
             server.stall_for(None)
             started = time.monotonic()
             results = await asyncio.gather(
@@ -402,7 +403,7 @@ def test_abandoned_failing_call_does_not_open_breaker_later(standin_factory: Fac
 
     async def scenario() -> dict[str, Any]:
         settings = fast_server_settings(server, outage_window_s=1.0)
-        async with InferenceClient(settings) as client:
+        async with build_client(settings) as client:
             server.refuse_for(None)
             pending = asyncio.ensure_future(client.complete(page_body(1, 1)))
             # Abandoned once it has failed, so the outage clock is running.
@@ -422,7 +423,7 @@ def test_outage_message_carries_no_credentials(standin_factory: Factory) -> None
     url = server.url.replace("http://", "http://reader:url-password-42@")
 
     async def scenario() -> None:
-        async with InferenceClient(fast_server_settings(url, api_key=SECRET, outage_window_s=0.5)) as client:
+        async with build_client(fast_server_settings(url, api_key=SECRET, outage_window_s=0.5)) as client:
             server.refuse_for(None)
             with pytest.raises(ServerUnavailable) as caught:
                 await client.complete(page_body(1, 1))
@@ -440,7 +441,7 @@ def test_readiness_waits_for_a_starting_server(standin_factory: Factory) -> None
     server = standin_factory()
 
     async def scenario() -> list[str]:
-        async with InferenceClient(fast_server_settings(server, readiness_timeout_s=5.0)) as client:
+        async with build_client(fast_server_settings(server, readiness_timeout_s=5.0)) as client:
             server.refuse_for(1.0)
             return await client.check_ready()
 
@@ -452,7 +453,7 @@ def test_readiness_reports_unreachable_server(standin_factory: Factory) -> None:
     server.refuse_for(None)
 
     async def scenario() -> None:
-        async with InferenceClient(fast_server_settings(server, readiness_timeout_s=0.5)) as client:
+        async with build_client(fast_server_settings(server, readiness_timeout_s=0.5)) as client:
             with pytest.raises(ServerNotReady) as caught:
                 await client.check_ready()
             message = str(caught.value)
@@ -465,7 +466,7 @@ def test_readiness_reports_the_models_served(standin_factory: Factory) -> None:
     server = standin_factory(model="someone/else-7B")
 
     async def scenario() -> None:
-        async with InferenceClient(fast_server_settings(server, readiness_timeout_s=5.0)) as client:
+        async with build_client(fast_server_settings(server, readiness_timeout_s=5.0)) as client:
             with pytest.raises(ServerNotReady) as caught:
                 await client.check_ready()
             assert server.stats()["endpoint_hits"]["/v1/models"] == 1  # a configuration error is not waited out
@@ -480,7 +481,7 @@ def test_readiness_reports_a_bad_api_key(standin_factory: Factory) -> None:
     server = standin_factory(api_key="the-right-key-123")
 
     async def scenario() -> None:
-        async with InferenceClient(fast_server_settings(server, api_key=SECRET)) as client:
+        async with build_client(fast_server_settings(server, api_key=SECRET)) as client:
             with pytest.raises(ServerNotReady, match="API key") as caught:
                 await client.check_ready()
             assert SECRET not in str(caught.value) and "401" in str(caught.value)
@@ -495,7 +496,7 @@ def test_readiness_goes_on_with_the_replicas_that_are_up(
     down.refuse_for(None)
 
     async def scenario() -> tuple[list[str], Any]:
-        async with InferenceClient(fast_server_settings(up, down, readiness_timeout_s=0.5)) as client:
+        async with build_client(fast_server_settings(up, down, readiness_timeout_s=0.5)) as client:
             models = await client.check_ready()
             await client.complete(page_body(1, 1))
             return models, client.stats()
@@ -514,7 +515,7 @@ def test_least_outstanding_favours_the_faster_replica(standin_factory: Factory) 
     fast, slow = standin_factory(latency_s=0.02), standin_factory(latency_s=0.25)
 
     async def scenario() -> Any:
-        async with InferenceClient(fast_server_settings(fast, slow, max_concurrent_requests=4)) as client:
+        async with build_client(fast_server_settings(fast, slow, max_concurrent_requests=4)) as client:
             await asyncio.gather(*(client.complete(page_body(1, page)) for page in range(1, 41)))
             return client.stats()
 
@@ -528,7 +529,7 @@ def test_killed_replica_mid_run_costs_no_page(standin_factory: Factory) -> None:
     survivor, victim = standin_factory(latency_s=0.05), standin_factory(latency_s=0.05)
 
     async def scenario() -> tuple[list[dict[str, Any]], Any]:
-        async with InferenceClient(fast_server_settings(survivor, victim, max_concurrent_requests=8)) as client:
+        async with build_client(fast_server_settings(survivor, victim, max_concurrent_requests=8)) as client:
 
             async def kill_after_some_work() -> None:
                 while client.stats().replicas[1].successes < 5:
@@ -577,7 +578,7 @@ def test_adaptive_window_grows_while_the_server_keeps_up(standin_factory: Factor
 
     async def scenario() -> tuple[list[int], Any]:
         settings = fast_server_settings(server, adaptive_concurrency=True, max_concurrent_requests=32)
-        async with InferenceClient(settings) as client:
+        async with build_client(settings) as client:
             assert client.stats().window == 8
             windows = await _load(client, pages=160, callers=40)
             return windows, client.stats()
@@ -597,7 +598,7 @@ def test_adaptive_window_shrinks_to_keep_the_queue_short(standin_factory: Factor
         settings = fast_server_settings(
             server, adaptive_concurrency=True, max_concurrent_requests=64, min_concurrent_requests=2
         )
-        async with InferenceClient(settings) as client:
+        async with build_client(settings) as client:
             assert client.stats().window == 16
             windows = await _load(client, pages=100, callers=40)
             return windows, client.stats()
@@ -622,7 +623,7 @@ def test_two_clients_sharing_a_server_converge_to_a_bounded_queue(standin_factor
             server, adaptive_concurrency=True, max_concurrent_requests=32, min_concurrent_requests=2
         )
         # Two clients stand for two DAG runs; with fixed windows they would queue 60 requests.
-        async with InferenceClient(settings) as first, InferenceClient(settings) as second:
+        async with build_client(settings) as first, build_client(settings) as second:
             samples: list[tuple[float, int]] = []
             both_busy = True
 
@@ -656,7 +657,7 @@ def test_metrics_absent_falls_back_to_fixed_window(standin_factory: Factory, cap
 
     async def scenario() -> Any:
         settings = fast_server_settings(server, adaptive_concurrency=True, max_concurrent_requests=12)
-        async with InferenceClient(settings) as client:
+        async with build_client(settings) as client:
             await _load(client, pages=20, callers=4)
             # The poller's first /metrics answer (404) is what switches the window to fixed.
             await _until(lambda: client.stats().window_mode == "fixed")
@@ -674,7 +675,7 @@ def test_fixed_window_when_adaptive_is_off(standin_factory: Factory) -> None:
     server = standin_factory(capacity=64, latency_s=0.1, identify=False)
 
     async def scenario() -> Any:
-        async with InferenceClient(fast_server_settings(server, max_concurrent_requests=6)) as client:
+        async with build_client(fast_server_settings(server, max_concurrent_requests=6)) as client:
             await _load(client, pages=30, callers=20)
             return client.stats()
 
@@ -705,7 +706,7 @@ def test_hung_requests_on_a_healthy_server_are_not_an_outage(standin_factory: Fa
             max_concurrent_requests=callers,
             hedge_requests=False,
         )
-        async with InferenceClient(settings) as client:
+        async with build_client(settings) as client:
             answers = await asyncio.gather(*(client.complete(page_body(1, page)) for page in range(1, callers + 3)))
             return answers, client.stats()
 
@@ -734,7 +735,7 @@ def test_a_page_that_never_answers_on_a_healthy_server_costs_its_attempt_not_the
             request_retry_budget_s=2.5 * READ_TIMEOUT_S,
             hedge_requests=False,
         )
-        async with InferenceClient(settings) as client:
+        async with build_client(settings) as client:
             with pytest.raises(AttemptFailed) as caught:
                 await client.complete(page_body(1, 1))
             # The server is fine: the next page is answered.
@@ -767,7 +768,7 @@ def test_hung_request_is_answered_by_its_hedge(standin_factory: Factory) -> None
     hedges: list[int] = []
 
     async def scenario() -> tuple[dict[str, Any], Any]:
-        async with InferenceClient(hedging_settings(server)) as client:
+        async with build_client(hedging_settings(server)) as client:
             await _warm_up(client)
             answer = await client.complete(page_body(1, 1), on_hedge=lambda: hedges.append(1))
             return answer, client.stats()
@@ -786,7 +787,7 @@ def test_request_hung_before_any_latency_history_is_hedged_once_there_is_one(sta
     server = standin_factory(scripts={"1:1": ["hang"]}, latency_s=0.02)
 
     async def scenario() -> tuple[dict[str, Any], Any]:
-        async with InferenceClient(hedging_settings(server)) as client:
+        async with build_client(hedging_settings(server)) as client:
             # The hung request is the run's first: no answer has been timed yet when it is sent.
             hung = asyncio.ensure_future(client.complete(page_body(1, 1)))
             await _warm_up(client)
@@ -801,7 +802,7 @@ def test_late_original_is_cancelled_and_ignored(standin_factory: Factory) -> Non
     server = standin_factory(scripts={"1:1": ["slow"]}, slow_s=1.5, latency_s=0.02)
 
     async def scenario() -> tuple[dict[str, Any], Any]:
-        async with InferenceClient(hedging_settings(server)) as client:
+        async with build_client(hedging_settings(server)) as client:
             await _warm_up(client)
             answer = await client.complete(page_body(1, 1))
             stats = client.stats()
@@ -823,7 +824,7 @@ def test_no_hedge_before_the_floor_or_without_a_latency_history(standin_factory:
     server = standin_factory(scripts={"1:1": ["slow"], "1:2": ["slow"]}, slow_s=0.6, latency_s=0.02)
 
     async def scenario() -> Any:
-        async with InferenceClient(hedging_settings(server, hedge_min_delay_s=5.0)) as client:
+        async with build_client(hedging_settings(server, hedge_min_delay_s=5.0)) as client:
             await client.complete(page_body(1, 1))  # no history yet: never hedged
             await _warm_up(client)
             await client.complete(page_body(1, 2))  # 0.6 s is far above 3 x p95, but below the floor
@@ -851,7 +852,7 @@ def test_hedged_request_is_counted_on_the_page_and_is_not_an_attempt(standin_fac
 
     async def scenario() -> Any:
         settings = hedging_settings(server)
-        async with InferenceClient(settings) as client:
+        async with build_client(settings) as client:
             await _warm_up(client)
             converter = PageConverter(
                 client, _MarkedPages(), RequestBodyBuilder(settings.connection.model), PageSettings()

@@ -14,6 +14,7 @@ import pytest
 from olmocr_tasks.core.config import ServerSettings
 from olmocr_tasks.core.errors import AttemptFailed, ServerMisconfigured, ServerUnavailable
 from olmocr_tasks.inference.client import InferenceClient
+from olmocr_tasks.inference.client_factory import build_client
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,7 +83,7 @@ def client_for(
     **overrides: Any,
 ) -> InferenceClient:
     extra: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
-    return InferenceClient(settings(**overrides), transport=httpx.MockTransport(handler), **extra)
+    return build_client(settings(**overrides), transport=httpx.MockTransport(handler), **extra)
 
 
 def complete(

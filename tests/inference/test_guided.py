@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from olmocr_tasks.core.errors import ServerMisconfigured
-from olmocr_tasks.inference.client import InferenceClient
+from olmocr_tasks.inference.client_factory import build_client
 from olmocr_tasks.inference.guided import GUIDED_REGEX, STRUCTURED_OUTPUTS, field_for_version, with_guided_decoding
 from olmocr_tasks.page.protocol import OLMOCR_FRONT_MATTER_REGEX, parse_completion
 from tests.fixtures.client import fast_server_settings, page_body, run
@@ -54,7 +54,7 @@ def test_the_client_sends_the_field_the_servers_version_reads(
     standin = standin_factory(vllm_version=version, fault_rates={"garbage": 1.0})
 
     async def scenario() -> dict:
-        async with InferenceClient(fast_server_settings(standin, guided_decoding=True)) as client:
+        async with build_client(fast_server_settings(standin, guided_decoding=True)) as client:
             await client.check_ready()
             return await client.complete(page_body())
 
@@ -65,7 +65,7 @@ def test_the_client_sends_the_field_the_servers_version_reads(
 
 def test_without_the_option_nothing_is_added(standin: StandinServer) -> None:
     async def scenario() -> None:
-        async with InferenceClient(fast_server_settings(standin)) as client:
+        async with build_client(fast_server_settings(standin)) as client:
             await client.check_ready()
             await client.complete(page_body())
 
@@ -80,7 +80,7 @@ def test_a_server_that_would_ignore_it_fails_the_readiness_check(
     standin = standin_factory(vllm_version=version)
 
     async def scenario() -> None:
-        async with InferenceClient(fast_server_settings(standin, guided_decoding=True)) as client:
+        async with build_client(fast_server_settings(standin, guided_decoding=True)) as client:
             await client.check_ready()
 
     with pytest.raises(ServerMisconfigured, match="would not apply it"):

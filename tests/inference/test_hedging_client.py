@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from olmocr_tasks.core.config import DEFAULT_MODEL, ServerSettings
-from olmocr_tasks.inference.client import InferenceClient
+from olmocr_tasks.inference.client_factory import build_client
 from olmocr_tasks.inference.hedging import MIN_SAMPLES
 from tests.fixtures.client import Factory, content_of, page_body, requests_for, run
 
@@ -29,7 +29,7 @@ def test_one_page_run_whose_only_request_hangs_is_hedged_when_the_server_holds_n
     server = standin_factory(scripts={"1:1": ["hang"]}, latency_s=0.05)
 
     async def scenario() -> tuple[dict[str, Any], Any]:
-        async with InferenceClient(default_settings(server)) as client:
+        async with build_client(default_settings(server)) as client:
             return await client.complete(page_body(1, 1)), client.stats()
 
     answer, stats = run(scenario())
@@ -46,7 +46,7 @@ def test_small_run_whose_first_request_hangs_finishes_by_hedging(standin_factory
     server = standin_factory(scripts={"1:1": ["hang"]}, latency_s=0.2)
 
     async def scenario() -> tuple[list[dict[str, Any]], Any]:
-        async with InferenceClient(default_settings(server)) as client:
+        async with build_client(default_settings(server)) as client:
             first = asyncio.ensure_future(client.complete(page_body(1, 1)))
             await asyncio.sleep(0)
             rest = [client.complete(page_body(1, page)) for page in (2, 3)]
@@ -73,7 +73,7 @@ def test_without_metrics_a_lone_hung_request_is_hedged_at_a_quarter_of_the_read_
     server = standin_factory(scripts={"1:1": ["hang"]}, latency_s=0.05, metrics=False)
 
     async def scenario() -> tuple[dict[str, Any], Any]:
-        async with InferenceClient(default_settings(server, read_timeout_s=8.0)) as client:
+        async with build_client(default_settings(server, read_timeout_s=8.0)) as client:
             return await client.complete(page_body(1, 1)), client.stats()
 
     answer, stats = run(scenario())
@@ -89,7 +89,7 @@ def test_a_slow_request_the_server_is_generating_is_not_hedged_at_cold_start(sta
     server = standin_factory(latency_s=3.0)
 
     async def scenario() -> tuple[dict[str, Any], Any]:
-        async with InferenceClient(default_settings(server)) as client:
+        async with build_client(default_settings(server)) as client:
             return await client.complete(page_body(1, 1)), client.stats()
 
     answer, stats = run(scenario())
@@ -106,7 +106,7 @@ def test_a_page_whose_request_and_both_hedges_hang_is_hedged_again_while_the_ser
     server = standin_factory(scripts={"1:1": ["hang", "hang", "hang"]}, latency_s=0.05)
 
     async def scenario() -> tuple[dict[str, Any], Any]:
-        async with InferenceClient(default_settings(server)) as client:
+        async with build_client(default_settings(server)) as client:
             return await client.complete(page_body(1, 1)), client.stats()
 
     answer, stats = run(scenario())

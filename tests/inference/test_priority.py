@@ -14,7 +14,7 @@ import pytest
 
 from olmocr_tasks.core.config import ServerSettings
 from olmocr_tasks.core.errors import ConfigurationError
-from olmocr_tasks.inference.client import InferenceClient
+from olmocr_tasks.inference.client_factory import build_client
 from olmocr_tasks.inference.priority import AIRFLOW_WEIGHT, HIGH, LOW, NORMAL, VLLM_PRIORITY, run_class, with_priority
 from olmocr_tasks.page.protocol import RequestBodyBuilder
 from olmocr_tasks.provider.policy import convert_placement, task_instance_mutation_hook
@@ -60,7 +60,7 @@ def test_priority_is_the_last_key_as_json_dumps_writes_it() -> None:
 
 def _sent_bodies(server: StandinServer, settings: ServerSettings, body: bytes) -> list[bytes]:
     async def scenario() -> None:
-        async with InferenceClient(settings) as client:
+        async with build_client(settings) as client:
             await client.complete(body)
 
     asyncio.run(scenario())
@@ -107,7 +107,7 @@ def test_a_priority_server_serves_each_class_before_the_ones_below_it(standin_fa
             await asyncio.sleep(0.01)
 
     async def scenario() -> None:
-        clients = {cls: InferenceClient(settings(cls)) for cls in (NORMAL, LOW, HIGH)}
+        clients = {cls: build_client(settings(cls)) for cls in (NORMAL, LOW, HIGH)}
         async with clients[NORMAL], clients[LOW], clients[HIGH]:
             holding = asyncio.ensure_future(clients[NORMAL].complete(body(9)))  # holds the one place
             while server.stats()["running"] < 1:
@@ -126,7 +126,7 @@ def test_a_priority_server_serves_each_class_before_the_ones_below_it(standin_fa
 
 def test_unknown_scheduling_policy_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="scheduling_policy"):
-        InferenceClient(ServerSettings(scheduling_policy="lottery"))
+        build_client(ServerSettings(scheduling_policy="lottery"))
 
 
 def _convert_ti(
