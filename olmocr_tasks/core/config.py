@@ -31,13 +31,24 @@ class ConnectionSettings:
     guided_decoding: bool = False
 
 
+# How long a vLLM server may take to start cold: download, load and compile a 7B model, warm up. Whatever
+# waits for a server to come up from nothing waits this long: Airflow's ``check_server`` (deferred in the
+# triggerer; ``OLMOCR_SERVER_READY_TIMEOUT``) and ``serve-vllm`` for the vLLM process it started
+# (``--ready-timeout``). The compose file allows vLLM as long.
+COLD_START_TIMEOUT_S = 30 * 60.0
+
+
 @dataclass(frozen=True)
 class TimeoutSettings:
-    """How long one request, or the wait for a server to come up, may take."""
+    """How long one request, or a conversion's wait for its server to answer, may take."""
 
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 300.0
     write_timeout_s: float = 60.0
+    # A conversion's readiness check before its first page: the server should be serving already (an
+    # Airflow run's check_server waited for its start, ``COLD_START_TIMEOUT_S``), so a minute tells a
+    # server that is down or refuses this client from one that is slow to answer, and an attempt
+    # fails in a minute instead of half an hour.
     readiness_timeout_s: float = 60.0
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from airflow.sdk import TriggerRule, XComArg, get_current_context, task
 
-from olmocr_tasks.provider.environment import convert_pool, convert_retry_delay
+from olmocr_tasks.core.environment import convert_pool, convert_retry_delay
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
 from olmocr_tasks.provider.retries import INFRASTRUCTURE_RETRIES
 from olmocr_tasks.provider.tasks import (

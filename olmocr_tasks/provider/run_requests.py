@@ -16,15 +16,23 @@ from typing import Any
 
 from airflow.sdk import conf
 
+from olmocr_tasks.core import environment
 from olmocr_tasks.core.config import ConversionSettings, ServerSettings
 from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.core.formats import FORMATS, parse_formats
 from olmocr_tasks.inference.priority import HIGH, LOW, RENDER_NICE, VLLM_PRIORITY, run_class
-from olmocr_tasks.provider import DEFAULT_CONN_ID, environment
+from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.hooks import VllmHook
 from olmocr_tasks.provider.params import DEFAULT_LOOKBACK_INTERVALS, DEFAULT_SCOPE, SCOPES
-from olmocr_tasks.run.batching import UNMEASURED_MAX_PAGES, UNMEASURED_MAX_WAVES, BatchingRule
-from olmocr_tasks.run.instance_costs import InstanceCosts
+from olmocr_tasks.run.batching import (
+    DEFAULT_BYTES_PER_PAGE,
+    DEFAULT_PARALLEL,
+    LOW_CLASS_MIN_WAVES,
+    UNMEASURED_MAX_PAGES,
+    UNMEASURED_MAX_WAVES,
+    BatchingRule,
+)
+from olmocr_tasks.run.instance_costs import DEFAULT_OVERHEAD_FRACTION, InstanceCosts
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.run.settings import RunSettings
 from olmocr_tasks.storage.access import AccessPolicy
@@ -167,7 +175,7 @@ def run_priority_class(context: Mapping[str, Any], documents: Sequence[str] | No
     if params.get("priority_class") == HIGH and not environment.allow_high_priority():
         raise ConfigurationError(
             "priority_class 'high' is refused: this deployment does not let a run raise its own priority "
-            f"(set {environment.ALLOW_HIGH_PRIORITY_ENV}=true on the workers to allow it; with 'auto', a run "
+            f"(set {environment.ALLOW_HIGH_PRIORITY}=true on the workers to allow it; with 'auto', a run "
             "naming its documents is high already)"
         )
     return chosen
@@ -180,7 +188,7 @@ def allowed_concurrency(requested: int, connection: ServerSettings) -> int:
     if requested > limit and not environment.allow_high_priority():
         raise ConfigurationError(
             f"max_concurrent_requests {requested} is refused: it is above the vLLM connection's {limit} "
-            f"(leave it empty for the connection's, or set {environment.ALLOW_HIGH_PRIORITY_ENV}=true on the workers)"
+            f"(leave it empty for the connection's, or set {environment.ALLOW_HIGH_PRIORITY}=true on the workers)"
         )
     return requested
 
@@ -189,7 +197,7 @@ def render_nice(priority_class: str) -> int:
     """Niceness added to the render workers of a run of ``priority_class`` (``OLMOCR_LOW_PRIORITY_NICE``)."""
     if priority_class != LOW:
         return RENDER_NICE[priority_class]
-    return environment.low_priority_nice()
+    return environment.low_priority_nice(RENDER_NICE[LOW])
 
 
 def schedule_interval(context: Mapping[str, Any]) -> timedelta:
@@ -281,15 +289,15 @@ def batching_rule(
     unmeasured = not min_pages and costs is None
     max_waves, max_pages = (UNMEASURED_MAX_WAVES, UNMEASURED_MAX_PAGES) if unmeasured else (None, None)
     if not min_pages and costs is not None:
-        min_pages = costs.min_pages(environment.instance_overhead())
+        min_pages = costs.min_pages(environment.instance_overhead(DEFAULT_OVERHEAD_FRACTION))
     short_waves = priority_class == LOW and not named_size
     try:
         return BatchingRule(
             min_pages=int(min_pages or request.settings.server.concurrency.max_concurrent_requests),
-            parallel=environment.convert_slots(),
+            parallel=environment.convert_slots(DEFAULT_PARALLEL),
             max_batches=max_map_length(),
-            bytes_per_page=environment.bytes_per_page(),
-            min_waves=environment.low_class_waves() if short_waves else 1,
+            bytes_per_page=environment.bytes_per_page(DEFAULT_BYTES_PER_PAGE),
+            min_waves=environment.low_class_waves(LOW_CLASS_MIN_WAVES) if short_waves else 1,
             max_waves=max_waves,
             max_pages=max_pages,
         )
