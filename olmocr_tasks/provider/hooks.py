@@ -21,7 +21,6 @@ Connection fields:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
@@ -31,7 +30,6 @@ from airflow.sdk import BaseHook
 
 from olmocr_tasks.core.config import DEFAULT_MODEL, ServerSettings, positive_number
 from olmocr_tasks.core.errors import ConfigurationError
-from olmocr_tasks.inference.client import InferenceClient
 from olmocr_tasks.inference.priority import check_scheduling_policy
 from olmocr_tasks.provider import CONNECTION_TYPE, DEFAULT_CONN_ID
 from olmocr_tasks.storage.store import Storage
@@ -175,7 +173,11 @@ class VllmHook(BaseHook):
         Raises ``ServerNotReady`` when the server stays unreachable, rejects the API key or serves
         another model.
         """
-        return asyncio.run(_check_ready(settings or self.server_settings()))
+        # Imported when a check runs: every Airflow component loads this hook (the connection form),
+        # and only a check needs the engine behind it.
+        from olmocr_tasks.run.pipeline import check_server
+
+        return check_server(settings or self.server_settings())
 
     def test_connection(self) -> tuple[bool, str]:
         """Backs the UI's "Test" button: one readiness probe with a short timeout."""
@@ -185,12 +187,6 @@ class VllmHook(BaseHook):
         except Exception as exc:
             return False, str(exc)
         return True, f"{settings.connection.model} is served ({', '.join(models)})"
-
-
-async def _check_ready(settings: ServerSettings) -> list[str]:
-    # Metrics polling is for conversions; a readiness probe does not need it running.
-    async with InferenceClient(dataclasses.replace(settings, adaptive_concurrency=False)) as client:
-        return await client.check_ready()
 
 
 def storage_options(aws_conn_id: str = AWS_CONN_ID) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import math
 from collections import Counter
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TextIO
 
-from olmocr_tasks.core.config import ConversionSettings
+from olmocr_tasks.core.config import ConversionSettings, ServerSettings
 from olmocr_tasks.core.errors import ServerMisconfigured
 from olmocr_tasks.inference.client import InferenceClient
 from olmocr_tasks.inference.gpu_busy import NOTHING_SENT, GpuBusy
@@ -248,7 +249,7 @@ def run_conversion(
     """
     # Before anything is planned, as Airflow's check_server: a server that refuses this client from
     # the start fails the run here, and no manifest lists its documents as not converted.
-    check_server(request.settings)
+    check_server(request.settings.server)
     folder = request.run_folder(storage)
     plan = None if storage.exists(manifest_uri(request.output_uri, request.run_id)) else folder.read_plan_or_none()
     if plan is None:
@@ -289,14 +290,17 @@ def _cli_slices(plan: RunPlan, folder: RunFolder, batch_documents: int) -> Itera
         yield cli_batch_key(index), plan.sources[start : start + batch_documents]
 
 
-def check_server(settings: ConversionSettings) -> list[str]:
-    """Wait until the server serves the model; return the models it lists.
+def check_server(server: ServerSettings) -> list[str]:
+    """Wait up to ``readiness_timeout_s`` until every replica serves the model; return the models listed.
 
-    Raises ``ServerNotReady`` (``ServerMisconfigured`` for a refused key or a missing model).
+    The one synchronous readiness check: the CLI's before it plans, the vLLM connection's "Test" button
+    and ``VllmHook.check_ready``. Raises ``ServerNotReady`` (``ServerMisconfigured`` for a refused key
+    or a missing model).
     """
 
     async def check() -> list[str]:
-        async with InferenceClient(settings.server) as client:
+        # Metrics polling is for conversions; a readiness probe does not need it running.
+        async with InferenceClient(dataclasses.replace(server, adaptive_concurrency=False)) as client:
             return await client.check_ready()
 
     return asyncio.run(check())
