@@ -22,13 +22,14 @@ Connection fields:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from airflow.sdk import BaseHook
 
-from olmocr_tasks.core.config import DEFAULT_MODEL, ServerSettings, positive_number
+from olmocr_tasks.core.config import DEFAULT_MODEL, ServerAccess, ServerSettings, positive_number
 from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.inference.priority import check_scheduling_policy
 from olmocr_tasks.provider import CONNECTION_TYPE, DEFAULT_CONN_ID
@@ -162,6 +163,10 @@ class VllmHook(BaseHook):
         changes = {name: value for name, value in overrides.items() if value is not None}
         return dataclasses.replace(settings, **changes) if changes else settings
 
+    def server_access(self) -> ServerAccess:
+        """Where the server is and its API key: what a resolved run leaves out and a task reads at use."""
+        return self.server_settings().access
+
     def gpu_hour_price(self) -> float | None:
         """The connection's ``gpu_hour_price`` extra: the price of one GPU hour, for manifests' cost."""
         value = _extra(self.get_connection(self.vllm_conn_id).extra_dejson or {}, "gpu_hour_price")
@@ -223,3 +228,9 @@ def storage_options(aws_conn_id: str = AWS_CONN_ID) -> dict[str, Any]:
 def storage_for(uris: Iterable[str], aws_conn_id: str = AWS_CONN_ID) -> Storage:
     """A ``Storage`` that can read and write every URI given; AWS is asked only when one is on S3."""
     return Storage(storage_options(aws_conn_id) if any(is_s3(uri) for uri in uris) else None)
+
+
+def run_storage(aws_conn_id: str = AWS_CONN_ID) -> Storage:
+    """A ``Storage`` for wherever a run leads, before it is known where: the AWS connection is asked for
+    its options (once) only when the storage first reaches S3."""
+    return Storage(functools.partial(storage_options, aws_conn_id))

@@ -1,7 +1,9 @@
-"""A run's request from its Airflow context: Params, ``dag_run`` and the vLLM connection → ``RunRequest``.
+"""A run's request from its Airflow context: Params, ``dag_run``, the vLLM connection and the environment.
 
-Also what else the context decides about the run: its LastModified window (``resolve_window``), its
-priority class and render niceness, its batching rule (Params, the deployment's settings and Airflow's
+``build_request`` is ``plan``'s: the run is resolved there once and kept with its plan, and the later
+tasks read it back (``olmocr_tasks.run.planned``) instead of resolving it again. Also what else the
+context decides about the run: its LastModified window (``resolve_window``), its priority class and
+render niceness, its batching rule (Params, the deployment's settings and Airflow's
 ``max_map_length``), and what its manifest records about the DAG run and the task. Raises
 ``ConfigurationError`` with a message meant for the person who triggered the run; the task bodies
 (``provider.tasks``) turn it into a failed task.
@@ -19,7 +21,6 @@ from airflow.sdk import conf
 from olmocr_tasks.core import environment
 from olmocr_tasks.core.config import ConversionSettings, ServerSettings
 from olmocr_tasks.core.errors import ConfigurationError
-from olmocr_tasks.core.formats import FORMATS, parse_formats
 from olmocr_tasks.inference.priority import HIGH, LOW, RENDER_NICE, VLLM_PRIORITY, run_class
 from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.hooks import VllmHook
@@ -33,8 +34,7 @@ from olmocr_tasks.run.batching import (
     BatchingRule,
 )
 from olmocr_tasks.run.instance_costs import DEFAULT_OVERHEAD_FRACTION, InstanceCosts
-from olmocr_tasks.run.request import RunRequest
-from olmocr_tasks.run.settings import RunSettings
+from olmocr_tasks.run.request import RunRequest, resolve_run
 from olmocr_tasks.storage.access import AccessPolicy
 
 # Run types whose data interval is a real window of time to discover in.
@@ -85,13 +85,14 @@ def airflow_run_id(context: Mapping[str, Any]) -> str:
 
 
 def build_request(
-    context: Mapping[str, Any], documents: Sequence[str] | None = None, *, planning: bool = False
+    context: Mapping[str, Any], documents: Sequence[str] | None = None, *, priority_class: str | None = None
 ) -> RunRequest:
-    """This run's ``RunRequest`` from its Params, its ``dag_run`` and the vLLM connection.
+    """This run's ``RunRequest`` from its Params, its ``dag_run``, the vLLM connection and the deployment's
+    environment: what ``plan`` resolves once and keeps with the plan (``olmocr_tasks.run.planned``).
 
-    ``documents`` (from the events) wins over the ``documents`` Param. What to discover (the input
-    and the LastModified window) is checked only when ``planning``: later tasks work from the plan.
-    Raises ``ConfigurationError`` with a message meant for the person who triggered the run.
+    ``documents`` (from the events) wins over the ``documents`` Param; ``priority_class``: the run's, when
+    the caller has it already (``run_priority_class``). Raises ``ConfigurationError`` with a message meant
+    for the person who triggered the run.
     """
     params = context["params"]
     output_uri = params.get("output_uri")
@@ -102,7 +103,7 @@ def build_request(
     input_uri = params.get("input_uri") or ""
     after, until = (None, None)
     run_type = _value(context["dag_run"].run_type)
-    if planning and documents is None:
+    if documents is None:
         if not input_uri:
             raise ConfigurationError("no input: set the input_uri Param (or OLMOCR_INPUT_URI), or list documents")
         after, until = resolve_window(
@@ -113,30 +114,26 @@ def build_request(
             float(params.get("lookback_intervals", DEFAULT_LOOKBACK_INTERVALS)),
         )
     hook = VllmHook(DEFAULT_CONN_ID)
-    priority_class = run_priority_class(context, documents)
+    if priority_class is None:
+        priority_class = run_priority_class(context, documents)
     server = hook.server_settings(priority=VLLM_PRIORITY[priority_class])
     if (requested := params.get("max_concurrent_requests")) is not None:
         server = dataclasses.replace(server, max_concurrent_requests=allowed_concurrency(int(requested), server))
     settings = ConversionSettings(
         server=server,
-        max_page_error_rate=float(params.get("max_page_error_rate", ConversionSettings.max_page_error_rate)),
-        formats=run_formats(params),
         gpu_hour_price=hook.gpu_hour_price(),
         render_nice=render_nice(priority_class),
         limits=environment.document_limits(),
     )
-    return RunRequest(
+    return resolve_run(
+        params,
         input_uri=input_uri,
         output_uri=output_uri,
         run_id=airflow_run_id(context),
         settings=settings,
-        documents=tuple(documents) if documents is not None else None,
+        documents=documents,
         modified_after=after,
         modified_until=until,
-        reprocess=bool(params.get("reprocess", False)),
-        max_documents=params.get("max_documents"),
-        run_settings=run_settings(params),
-        retry_dead_letters=bool(params.get("retry_dead_letters", False)),
         # Reconciliation: scheduled runs and runs that list everything (a manual scope "all"). A backfill
         # retries failures inside its own interval only: its runs of adjacent intervals run at once.
         redrive=documents is None and (run_type == "scheduled" or (after is None and until is None)),
@@ -145,20 +142,6 @@ def build_request(
         claim_expiry_s=environment.claim_expiry_s(),
         # The workers' allow-list: each task checks the run against it (``provider.tasks``).
         access=AccessPolicy.from_env(),
-    )
-
-
-def run_formats(params: Mapping[str, Any]) -> tuple[str, ...]:
-    """The ``formats`` Param as ``ConversionSettings.formats`` (all when absent)."""
-    chosen = parse_formats(params.get("formats"))
-    return tuple(name for name in FORMATS if name in chosen)
-
-
-def run_settings(params: Mapping[str, Any]) -> RunSettings:
-    """The run's error budget and dead-letter threshold from its Params (defaults: ``RunSettings``)."""
-    return RunSettings(
-        max_document_error_rate=float(params.get("max_document_error_rate", RunSettings.max_document_error_rate)),
-        max_failed_attempts=int(params.get("max_failed_attempts", RunSettings.max_failed_attempts)),
     )
 
 

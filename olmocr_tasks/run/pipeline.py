@@ -13,7 +13,6 @@ process (the CLI); the Airflow tasks call the same steps one task at a time.
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import logging
 import math
@@ -30,9 +29,9 @@ from olmocr_tasks.inference.gpu_busy import NOTHING_SENT, GpuBusy
 from olmocr_tasks.location.claims import ClaimBook, ClaimHolder
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.ledger import Ledger
-from olmocr_tasks.location.manifest import DocumentEntry, count_entries, manifest_uri
+from olmocr_tasks.location.manifest import PAGE_COUNT_KEYS, STATUSES, DocumentEntry, count_entries, manifest_uri
 from olmocr_tasks.location.manifest_reader import ManifestReader
-from olmocr_tasks.location.runs import RunFolder, RunPlan
+from olmocr_tasks.location.runs import SINGLE_PLAN, RunFolder, RunPlan
 from olmocr_tasks.run.conversion import ConversionEngine
 from olmocr_tasks.run.planning import log_plan, stream_plan
 from olmocr_tasks.run.progress import ProgressCounters, ProgressReporter
@@ -47,6 +46,8 @@ SINGLE_BATCH = "all"
 # The CLI converts a run this many documents at a time, each slice a batch of its own in the run
 # folder: what it holds (entries, the part, the attempt listing) is one slice's, whatever the run's size.
 CLI_BATCH_DOCUMENTS = 2_000
+# The counts a batch's summary carries (``count_entries``): pages by kind and documents by status.
+SUMMARY_COUNTERS = (*PAGE_COUNT_KEYS, *STATUSES)
 
 
 async def convert_sources(
@@ -61,14 +62,16 @@ async def convert_sources(
     claims: ClaimBook | None = None,
     superseded: Callable[[], bool] | None = None,
     progress_counters: ProgressCounters | None = None,
+    ledger: Ledger | None = None,
 ) -> ConvertedSources:
     """Convert documents in this process. Raises ``InfrastructureError`` when the work must be retried.
 
     With ``claims`` each document is claimed before it is converted (see ``olmocr_tasks.location.claims``).
+    ``ledger``: the run's ledger on ``storage``, when the caller has it open already.
     """
     if not sources:
         return ConvertedSources([], NOTHING_SENT)
-    ledger = Ledger(request.output_uri, storage, request.conversion_key)
+    ledger = ledger or Ledger(request.output_uri, storage, request.conversion_key)
     async with ProgressReporter(len(sources), stream=progress_stream, counters=progress_counters) as progress:
         engine = ConversionEngine(
             request.settings,
@@ -113,7 +116,37 @@ def convert_batch(
     batch_key: str,
     sources: Sequence[SourceDocument],
     *,
-    folder: RunFolder | None = None,
+    plan_id: str = SINGLE_PLAN,
+    try_number: int | None = None,
+    task_context: dict[str, Any] | None = None,
+    progress_stream: TextIO | None = None,
+    progress_counters: ProgressCounters | None = None,
+    check_ready: bool = True,
+) -> BatchResult:
+    """``convert_batch_in`` the run folder of ``plan_id``, counting the batch's storage requests on their own.
+
+    Its own request counter (it also adds to the storage's): its part reports what the batch cost in
+    storage requests, even when other batches share this process's storage (the CLI's slices).
+    """
+    return convert_batch_in(
+        request,
+        request.run_folder(storage.counting(), plan_id),
+        batch_key,
+        sources,
+        try_number=try_number,
+        task_context=task_context,
+        progress_stream=progress_stream,
+        progress_counters=progress_counters,
+        check_ready=check_ready,
+    )
+
+
+def convert_batch_in(
+    request: RunRequest,
+    folder: RunFolder,
+    batch_key: str,
+    sources: Sequence[SourceDocument],
+    *,
     try_number: int | None = None,
     task_context: dict[str, Any] | None = None,
     progress_stream: TextIO | None = None,
@@ -128,18 +161,17 @@ def convert_batch(
     earlier attempt failed included: see ``BatchAttempt.start``). Each
     entry is saved the moment its document finishes, and the whole list in a part at the end: if the
     attempt dies (server outage, worker killed), publishing still reports what it did finish.
-    ``try_number`` None means the next one (a process resuming a batch on its own, like the CLI).
+    ``try_number`` None means the next one (a process resuming a batch on its own, like the CLI). The
+    batch's work goes through ``folder.storage``, and its part reports what that storage's counter
+    counted: the batch's own (``convert_batch``, ``run.planned.convert_planned_batch``).
     """
-    # The batch's own request counter (it also adds to the storage's): its part reports what the batch
-    # cost in storage requests, even when other batches share this process's storage.
-    storage = storage.counting()
-    folder = copy.copy(folder) if folder is not None else request.run_folder(storage)
-    folder.storage = storage
+    storage = folder.storage
     attempt = folder.attempt(batch_key, try_number or folder.next_try(batch_key))
     finished = attempt.start()
+    ledger = Ledger(request.output_uri, storage, request.conversion_key)
     claims = ClaimBook(
         storage,
-        Ledger(request.output_uri, storage, request.conversion_key).state,
+        ledger.state,
         ClaimHolder(request.run_id, folder.plan_id, batch_key, attempt.try_number, request.run_time),
         request.claim_expiry,
         # A run naming its documents was asked for exactly these: a cool-down is for re-drive.
@@ -174,6 +206,7 @@ def convert_batch(
                 superseded=attempt.superseded,
                 progress_counters=progress_counters,
                 check_ready=check_ready,
+                ledger=ledger,
             )
         )
     except ServerMisconfigured as exc:
@@ -266,7 +299,7 @@ def run_conversion(
                 storage,
                 key,
                 sources,
-                folder=folder,
+                plan_id=folder.plan_id,
                 progress_stream=progress_stream,
                 progress_counters=counters,
                 check_ready=index == 0,  # one readiness wait per conversion, as before
