@@ -6,7 +6,12 @@ arguments of the task definitions) and raises ``ConfigurationError`` for a value
 Where a layer above owns a setting's default (batching, render niceness, instance costs, retention) the
 caller passes it in as ``default``: it is stated once, by its owner, never restated here.
 
-No Airflow import: the cluster policy reads the pools here, inside the scheduler.
+What a conversion run reads here (the claim expiry, the document limits, its batching and render
+niceness, whether it may raise its priority) is read once, by the Airflow ``plan`` task, and kept with
+the plan (``olmocr_tasks.run.planned``): its later tasks work from that. What every task reads for
+itself is the workers' own: the allow-lists, the pools, the conversion DAGs of the competition watch,
+the bounds of what it reads back. No Airflow import: the cluster policy reads the pools here, inside the
+scheduler.
 """
 
 from __future__ import annotations
