@@ -36,7 +36,7 @@ from olmocr_tasks.core.config import (
     TimeoutSettings,
 )
 from olmocr_tasks.core.errors import ConfigurationError, ServerNotReady, ServerUnavailable, StorageError
-from olmocr_tasks.core.formats import FORMATS, parse_formats
+from olmocr_tasks.core.formats import FORMATS, ordered_formats
 from olmocr_tasks.core.redaction import environment_secrets, install_log_redaction, redact
 from olmocr_tasks.inference.priority import SCHEDULING_POLICIES
 from olmocr_tasks.location.manifest import SKIP_CLAIMED, SKIP_RETRY_LATER
@@ -87,10 +87,9 @@ def _rate(text: str) -> float:
 
 def _formats(text: str) -> tuple[str, ...]:
     try:
-        chosen = parse_formats(text)
+        return ordered_formats(text)
     except ConfigurationError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    return tuple(name for name in FORMATS if name in chosen)
 
 
 def _add_max_failed_attempts(parser: argparse.ArgumentParser) -> None:
@@ -317,7 +316,7 @@ def default_run_id(now: datetime | None = None) -> str:
 
 def _convert(args: argparse.Namespace) -> int:
     from olmocr_tasks.run.pipeline import run_conversion
-    from olmocr_tasks.run.request import RunRequest
+    from olmocr_tasks.run.request import resolve_run
     from olmocr_tasks.storage.store import Storage
 
     api_key = _api_key_from_env(args.api_key_env)
@@ -350,8 +349,6 @@ def _convert(args: argparse.Namespace) -> int:
             render_timeout_s=args.render_timeout,
             render_memory_bytes=args.render_memory_bytes,
         ),
-        max_page_error_rate=args.max_page_error_rate,
-        formats=args.formats,
         write_markdown=not args.no_markdown,
         gpu_hour_price=args.gpu_hour_price,
         render_workers=args.render_workers,
@@ -360,18 +357,15 @@ def _convert(args: argparse.Namespace) -> int:
     output_uri = args.output if "://" in args.output else os.path.abspath(args.output)
     if "://" not in args.input and not os.path.exists(input_uri):
         raise ConfigurationError(f"input {args.input} does not exist")
-    request = RunRequest(
+    # The flags the DAGs' Params share (reprocess, formats, the error budgets...) are read by their
+    # shared names, through the builder Airflow's plan uses too.
+    request = resolve_run(
+        vars(args),
         input_uri=input_uri,
         output_uri=output_uri,
         run_id=args.run_id or default_run_id(),
         settings=settings,
-        reprocess=args.reprocess,
-        max_documents=args.max_documents,
-        run_settings=RunSettings(
-            max_document_error_rate=args.max_document_error_rate, max_failed_attempts=args.max_failed_attempts
-        ),
-        retry_dead_letters=args.retry_dead_letters,
-        retry_interval=timedelta(seconds=max(args.retry_interval, 0.0)),
+        retry_interval=timedelta(seconds=args.retry_interval),
         claim_expiry_s=args.claim_expiry,
     )
     manifest, uri = run_conversion(request, Storage(), progress_stream=sys.stderr)
@@ -395,13 +389,12 @@ def _add_dead_letters_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
-    from olmocr_tasks.location.ledger import conversion_key
-    from olmocr_tasks.page.protocol import PROMPT_VERSION
     from olmocr_tasks.run.planning import list_dead_letters
+    from olmocr_tasks.run.request import run_conversion_key
     from olmocr_tasks.storage.store import Storage
 
     output_uri = args.output if "://" in args.output else os.path.abspath(args.output)
-    key = conversion_key(args.model, PROMPT_VERSION, args.target_longest_image_dim)
+    key = run_conversion_key(args.model, args.target_longest_image_dim)
     for entry in list_dead_letters(output_uri, Storage(), key, args.max_failed_attempts):
         print(f"{entry.source}\t{entry.failed_attempts}\t{entry.error}")
     return EXIT_OK

@@ -31,13 +31,24 @@ class ConnectionSettings:
     guided_decoding: bool = False
 
 
+# How long a vLLM server may take to start cold: download, load and compile a 7B model, warm up. Whatever
+# waits for a server to come up from nothing waits this long: Airflow's ``check_server`` (deferred in the
+# triggerer; ``OLMOCR_SERVER_READY_TIMEOUT``) and ``serve-vllm`` for the vLLM process it started
+# (``--ready-timeout``). The compose file allows vLLM as long.
+COLD_START_TIMEOUT_S = 30 * 60.0
+
+
 @dataclass(frozen=True)
 class TimeoutSettings:
-    """How long one request, or the wait for a server to come up, may take."""
+    """How long one request, or a conversion's wait for its server to answer, may take."""
 
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 300.0
     write_timeout_s: float = 60.0
+    # A conversion's readiness check before its first page: the server should be serving already (an
+    # Airflow run's check_server waited for its start, ``COLD_START_TIMEOUT_S``), so a minute tells a
+    # server that is down or refuses this client from one that is slow to answer, and an attempt
+    # fails in a minute instead of half an hour.
     readiness_timeout_s: float = 60.0
 
 
@@ -149,15 +160,70 @@ class ServerSettings:
 
     def public_dict(self) -> dict[str, Any]:
         """The settings as they may appear in logs and manifests, by name: no secret, no credentials in URLs."""
-        from olmocr_tasks.core.redaction import redact_url
-
         data: dict[str, Any] = {}
         for group in _GROUPS:
             data.update(dataclasses.asdict(getattr(self, group)))
         data.pop("api_key")
-        data["base_urls"] = [redact_url(url) for url in self.connection.base_urls]
+        data["base_urls"] = _redacted_urls(self.connection.base_urls)
         data["api_key_set"] = self.connection.api_key is not None
         return data
+
+    @property
+    def access(self) -> ServerAccess:
+        """Where the server is and the key to it (``ServerAccess``)."""
+        return ServerAccess(self.connection.base_urls, self.connection.api_key)
+
+    def with_access(self, access: ServerAccess) -> ServerSettings:
+        """These settings for the server ``access`` names, with its key."""
+        return dataclasses.replace(self, base_urls=access.base_urls, api_key=access.api_key)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings by group, for a record that outlives the process (a resolved run): no API key, and
+        the base URLs without their credentials. Whoever reads them back adds a ``ServerAccess``."""
+        data = {group: dataclasses.asdict(getattr(self, group)) for group in _GROUPS}
+        del data["connection"]["api_key"]
+        data["connection"]["base_urls"] = _redacted_urls(self.connection.base_urls)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServerSettings:
+        """``to_dict`` read back (no key: see ``with_access``); a group or setting left out keeps its default."""
+        _refuse_unknown(data, _GROUPS, "server settings")
+        return cls(**{group: _from_fields(kind, data.get(group, {})) for group, kind in _GROUPS.items()})
+
+
+@dataclass(frozen=True)
+class ServerAccess:
+    """Where a run's server is and the key to it: what a resolved run leaves out (``ServerSettings.to_dict``).
+
+    An Airflow task reads it from the vLLM connection when it uses the server: the key stays out of
+    every record, and a server moved to another address mid-run is followed.
+    """
+
+    base_urls: tuple[str, ...]
+    api_key: str | None = field(default=None, repr=False)
+
+
+def _redacted_urls(urls: tuple[str, ...]) -> list[str]:
+    from olmocr_tasks.core.redaction import redact_url
+
+    return [redact_url(url) for url in urls]
+
+
+def _refuse_unknown(data: dict[str, Any], known: Any, what: str) -> None:
+    # A setting this version does not know would be dropped silently: the run would be converted
+    # otherwise than it was planned.
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigurationError(f"unknown {what}: {', '.join(unknown)} (written by another version?)")
+
+
+def _from_fields(kind: Any, data: dict[str, Any], **groups: Any) -> Any:
+    """Frozen settings from their ``dataclasses.asdict`` read back from JSON (lists are tuples again);
+    ``groups``: the nested settings, already read back."""
+    _refuse_unknown(data, [item.name for item in dataclasses.fields(kind)], kind.__name__)
+    values = {name: tuple(value) if isinstance(value, list) else value for name, value in data.items()}
+    return kind(**values, **groups)
 
 
 @dataclass(frozen=True)
@@ -231,6 +297,24 @@ class ConversionSettings:
         data = dataclasses.asdict(self)
         data["server"] = self.server.public_dict()
         return data
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting, for a record that outlives the process: no secret (``ServerSettings.to_dict``)."""
+        data = dataclasses.asdict(self)
+        data["server"] = self.server.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ConversionSettings:
+        """``to_dict`` read back; the server has no key until ``ServerSettings.with_access``."""
+        values = dict(data)
+        return _from_fields(
+            cls,
+            values,
+            server=ServerSettings.from_dict(values.pop("server", {})),
+            page=_from_fields(PageSettings, values.pop("page", {})),
+            limits=_from_fields(DocumentLimits, values.pop("limits", {})),
+        )
 
 
 def positive_number(what: str, value: Any, kind: type[int] | type[float] = float, unit: str = "a number") -> Any:

@@ -123,6 +123,13 @@ def parse_formats(value: str | Iterable[str] | None) -> frozenset[str]:
     return frozenset(chosen) if chosen else ALL_FORMATS
 
 
+def ordered_formats(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    """``parse_formats`` in ``FORMATS`` order: a run's ``ConversionSettings.formats`` (the CLI's
+    ``--formats``, the DAGs' ``formats`` Param)."""
+    chosen = parse_formats(value)
+    return tuple(name for name in FORMATS if name in chosen)
+
+
 def detect_format(head: bytes) -> str:
     """The format the first bytes of a file show: one of ``FORMATS``, a recognised format we do not
     convert (``gif``, ``bmp``, ...), or ``unknown``.

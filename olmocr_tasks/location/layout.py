@@ -19,7 +19,7 @@ means, so a layout change is made here::
 
 and inside one plan of a run folder::
 
-    plan.json   batches/<batch>.json   slices/<slice>.json (while planning)
+    run.json (the resolved run)   plan.json   batches/<batch>.json   slices/<slice>.json (while planning)
     attempts/<batch>/try-<n>/{started, part.json, entries/<hash>.json}
 
 ``<run>`` is ``safe_run_id`` of the run id: the run folder and the manifest of one run share it.
@@ -48,6 +48,7 @@ _MANIFESTS = "manifests"
 _DOLMA = "dolma"
 _MARKDOWN = "markdown"
 _PLAN_FILE = "plan.json"
+_RESOLVED_RUN_FILE = "run.json"
 _BATCHES = "batches"
 _SLICES = "slices"
 _ATTEMPTS = "attempts"
@@ -301,6 +302,11 @@ class PlanFolder:
     @property
     def plan(self) -> str:
         return join_uri(self.uri, _PLAN_FILE)
+
+    @property
+    def resolved_run(self) -> str:
+        """The run as its planning resolved it, which the plan's later steps read back."""
+        return join_uri(self.uri, _RESOLVED_RUN_FILE)
 
     def batch(self, batch_key: str) -> str:
         return join_uri(self.uri, _BATCHES, f"{batch_key}.json")

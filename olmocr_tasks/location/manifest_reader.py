@@ -31,14 +31,13 @@ import gzip
 import io
 import json
 import math
-import os
 import zlib
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from olmocr_tasks.core.config import positive_number
+from olmocr_tasks.core import environment
 from olmocr_tasks.location.layout import shards_folder
 from olmocr_tasks.location.manifest import (
     DEAD_LETTERS_KIND,
@@ -78,18 +77,7 @@ class ReadLimits:
         """The defaults, each replaced by its setting when set (bytes; ``ConfigurationError`` if not
         a positive whole number): ``OLMOCR_MAX_SUMMARY_BYTES``, ``OLMOCR_MAX_SHARD_BYTES`` (compressed
         and decompressed), ``OLMOCR_MAX_ENTRY_BYTES`` (one entry's line)."""
-        limits = cls()
-        settings = {
-            "summary_bytes": "OLMOCR_MAX_SUMMARY_BYTES",
-            "shard_bytes": "OLMOCR_MAX_SHARD_BYTES",
-            "line_bytes": "OLMOCR_MAX_ENTRY_BYTES",
-        }
-        given = {
-            field: positive_number(name, os.environ[name], int, unit="a number of bytes")
-            for field, name in settings.items()
-            if os.environ.get(name)
-        }
-        return dataclasses.replace(limits, **given)
+        return dataclasses.replace(cls(), **environment.manifest_read_limits())
 
 
 READ_LIMITS = ReadLimits()

@@ -8,13 +8,11 @@ through ``Storage.open_read`` up to ``OLMOCR_MAX_RECORD_BYTES`` (default 1 MiB),
 
 from __future__ import annotations
 
-import os
-
-from olmocr_tasks.core.config import positive_number
+from olmocr_tasks.core import environment
 from olmocr_tasks.core.errors import OlmocrTasksError
 from olmocr_tasks.storage.store import ReadLimitExceeded, Storage
 
-MAX_RECORD_BYTES_SETTING = "OLMOCR_MAX_RECORD_BYTES"
+MAX_RECORD_BYTES_SETTING = environment.MAX_RECORD_BYTES
 DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
 
 
@@ -24,10 +22,7 @@ class RecordTooLargeError(OlmocrTasksError):
 
 def max_record_bytes() -> int:
     """``OLMOCR_MAX_RECORD_BYTES`` (a positive number of bytes), else 1 MiB."""
-    value = os.environ.get(MAX_RECORD_BYTES_SETTING)
-    if not value:
-        return DEFAULT_MAX_RECORD_BYTES
-    return int(positive_number(MAX_RECORD_BYTES_SETTING, value, int, unit="a number of bytes"))
+    return environment.max_record_bytes(DEFAULT_MAX_RECORD_BYTES)
 
 
 def read_record(storage: Storage, uri: str) -> bytes | None:

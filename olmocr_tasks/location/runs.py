@@ -2,6 +2,7 @@
 
 Layout (keys named by ``olmocr_tasks.location.layout``; only this module reads and writes them)::
 
+    _runs/<run>/<plan>/run.json                          the run as its planning resolved it (no secret)
     _runs/<run>/<plan>/plan.json                         the plan: sources (or its batches' keys),
                                                          unavailable, dead letters
     _runs/<run>/<plan>/batches/<batch>.json              the sources of one batch
@@ -44,6 +45,7 @@ from olmocr_tasks.core.gpu_busy import NOTHING_SENT, GpuBusy
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.layout import OutputLocation, PlanFolder, plan_of_batch, safe_run_id
 from olmocr_tasks.location.manifest import LEFT_FOR_LATER, DocumentEntry
+from olmocr_tasks.location.records import read_record
 from olmocr_tasks.storage.store import Storage
 
 # The plan id of runs that plan once in one process (the CLI): a rerun with the same run id resumes it.
@@ -170,6 +172,20 @@ class RunFolder:
     def read_plan_or_none(self) -> RunPlan | None:
         raw = self.storage.read_bytes_or_none(self.keys.plan)
         return None if raw is None else RunPlan.from_dict(json.loads(raw))
+
+    def write_resolved_run(self, run: dict[str, Any]) -> None:
+        """The run as its planning resolved it (``RunRequest.to_dict``), written before the plan."""
+        self.storage.write_bytes_atomic(self.keys.resolved_run, _json(run))
+
+    def read_resolved_run(self) -> dict[str, Any]:
+        """The resolved run, read bounded (``location.records``: a few KB as written); a plan without one
+        (planned by an earlier version, or by the CLI, which keeps none) is a ``ConfigurationError``."""
+        raw = read_record(self.storage, self.keys.resolved_run)
+        if raw is None:
+            raise ConfigurationError(
+                f"plan {self.plan_id} of this run has no resolved run ({self.keys.resolved_run}): plan the run again"
+            )
+        return json.loads(raw)
 
     def earlier_batch_count(self) -> int:
         """How many batches the largest earlier planning of this run wrote (0 when none is left).

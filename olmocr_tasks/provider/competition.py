@@ -16,10 +16,11 @@ in ``OLMOCR_CONVERSION_DAGS`` (comma-separated; a deployment's own DAGs built wi
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from olmocr_tasks.core import environment
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,7 @@ ACTIVE_RUN_STATES = ["queued", "running"]
 
 
 def conversion_dags(own_dag_id: str) -> list[str]:
-    listed = [name.strip() for name in os.environ.get("OLMOCR_CONVERSION_DAGS", "").split(",") if name.strip()]
-    return list(dict.fromkeys([own_dag_id, *PACKAGED_CONVERSION_DAGS, *listed]))
+    return list(dict.fromkeys([own_dag_id, *PACKAGED_CONVERSION_DAGS, *environment.conversion_dags()]))
 
 
 def other_active_runs(context: Mapping[str, Any]) -> int:

@@ -11,12 +11,14 @@
   first conversion. Each convert instance checks again that the server lists the connection's model
   before it sends a page (a server swapped since, or a CPU engine under another name, fails it:
   the model is part of the idempotency key, and output of another model must not be filed under it).
-* ``plan`` resolves the run's Params and ``dag_run`` (and, in the S3-event DAG, its triggering asset
-  events) into a ``RunRequest`` and calls the engine's planning (``olmocr_tasks.run.planning.plan_batches``):
-  it discovers what to convert, writes the plan and one small file per batch in the run folder
+* ``plan`` resolves the run's Params, ``dag_run`` (and, in the S3-event DAG, its triggering asset
+  events), the vLLM connection and the deployment's environment into a ``RunRequest``, once, and calls
+  the engine's planning (``olmocr_tasks.run.planned.plan_in_batches``): it writes the resolved run (no
+  secret), discovers what to convert, writes the plan and one small file per batch in the run folder
   (``olmocr_tasks.location.runs``), and returns batch descriptors
   (``{"plan": "p1-3f9c0a2e", "batch": "b00012", "label": "inbox/report.pdf", "documents": 1}``).
-* ``convert`` is mapped over the descriptors; each instance converts its batch and writes a part file.
+* ``convert`` is mapped over the descriptors; each instance reads the resolved run back, converts its
+  batch with the settings the run was planned with and writes a part file.
   A plan never maps fewer instances than one, nor than the run's previous pass (a cleared run):
   empty batches fill the gap (see ``olmocr_tasks.run.planning.plan_batches``).
 * ``publish_manifest`` (``all_done``, downstream of ``plan`` and ``convert``) merges this pass's plan
@@ -38,7 +40,7 @@ from typing import Any
 
 from airflow.sdk import TriggerRule, XComArg, get_current_context, task
 
-from olmocr_tasks.provider.environment import convert_pool, convert_retry_delay
+from olmocr_tasks.core.environment import convert_pool, convert_retry_delay
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
 from olmocr_tasks.provider.retries import INFRASTRUCTURE_RETRIES
 from olmocr_tasks.provider.tasks import (

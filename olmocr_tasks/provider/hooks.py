@@ -21,17 +21,16 @@ Connection fields:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from airflow.sdk import BaseHook
 
-from olmocr_tasks.core.config import DEFAULT_MODEL, ServerSettings, positive_number
+from olmocr_tasks.core.config import DEFAULT_MODEL, ServerAccess, ServerSettings, positive_number
 from olmocr_tasks.core.errors import ConfigurationError
-from olmocr_tasks.inference.client_factory import build_client
 from olmocr_tasks.inference.priority import check_scheduling_policy
 from olmocr_tasks.provider import CONNECTION_TYPE, DEFAULT_CONN_ID
 from olmocr_tasks.storage.store import Storage
@@ -164,6 +163,10 @@ class VllmHook(BaseHook):
         changes = {name: value for name, value in overrides.items() if value is not None}
         return dataclasses.replace(settings, **changes) if changes else settings
 
+    def server_access(self) -> ServerAccess:
+        """Where the server is and its API key: what a resolved run leaves out and a task reads at use."""
+        return self.server_settings().access
+
     def gpu_hour_price(self) -> float | None:
         """The connection's ``gpu_hour_price`` extra: the price of one GPU hour, for manifests' cost."""
         value = _extra(self.get_connection(self.vllm_conn_id).extra_dejson or {}, "gpu_hour_price")
@@ -175,7 +178,11 @@ class VllmHook(BaseHook):
         Raises ``ServerNotReady`` when the server stays unreachable, rejects the API key or serves
         another model.
         """
-        return asyncio.run(_check_ready(settings or self.server_settings()))
+        # Imported when a check runs: every Airflow component loads this hook (the connection form),
+        # and only a check needs the engine behind it.
+        from olmocr_tasks.run.pipeline import check_server
+
+        return check_server(settings or self.server_settings())
 
     def test_connection(self) -> tuple[bool, str]:
         """Backs the UI's "Test" button: one readiness probe with a short timeout."""
@@ -185,12 +192,6 @@ class VllmHook(BaseHook):
         except Exception as exc:
             return False, str(exc)
         return True, f"{settings.connection.model} is served ({', '.join(models)})"
-
-
-async def _check_ready(settings: ServerSettings) -> list[str]:
-    # Metrics polling is for conversions; a readiness probe does not need it running.
-    async with build_client(dataclasses.replace(settings, adaptive_concurrency=False)) as client:
-        return await client.check_ready()
 
 
 def storage_options(aws_conn_id: str = AWS_CONN_ID) -> dict[str, Any]:
@@ -227,3 +228,9 @@ def storage_options(aws_conn_id: str = AWS_CONN_ID) -> dict[str, Any]:
 def storage_for(uris: Iterable[str], aws_conn_id: str = AWS_CONN_ID) -> Storage:
     """A ``Storage`` that can read and write every URI given; AWS is asked only when one is on S3."""
     return Storage(storage_options(aws_conn_id) if any(is_s3(uri) for uri in uris) else None)
+
+
+def run_storage(aws_conn_id: str = AWS_CONN_ID) -> Storage:
+    """A ``Storage`` for wherever a run leads, before it is known where: the AWS connection is asked for
+    its options (once) only when the storage first reaches S3."""
+    return Storage(functools.partial(storage_options, aws_conn_id))

@@ -11,7 +11,6 @@ conversion runs. Its XCom is the report's counts only (folder names stay in the 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from airflow.sdk import Param, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
+from olmocr_tasks.core import environment
 from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.location.retention import clean_output
 from olmocr_tasks.provider.hooks import storage_for
@@ -34,13 +34,13 @@ def maintenance_params() -> dict[str, Param]:
     """The maintenance DAG's form; ``OLMOCR_OUTPUT_URI`` and ``OLMOCR_RETENTION_DAYS`` set the defaults."""
     return {
         "output_uri": Param(
-            os.environ.get("OLMOCR_OUTPUT_URI") or None,
+            environment.output_uri(),
             type=["null", "string"],
             title="Output",
             description="The output location to clean: s3://bucket/prefix/ or a local folder.",
         ),
         "older_than_days": Param(
-            float(os.environ.get("OLMOCR_RETENTION_DAYS") or DEFAULT_RETENTION_DAYS),
+            environment.retention_days(DEFAULT_RETENTION_DAYS),
             type="number",
             minimum=0,
             title="Older than (days)",

@@ -4,14 +4,14 @@ A TaskFlow task cannot defer, so the readiness check is an operator. ``execute``
 once: ready returns the served models (the task's XCom, which ``plan`` checks the model against), a
 server that answers wrongly (API key, URL, model, TLS trust) fails the task at once, and a server that
 is not up yet defers to ``VllmReadyTrigger`` until it is, or until the deadline:
-``OLMOCR_SERVER_READY_TIMEOUT`` seconds (read when the task runs; default 1800, a cold vLLM start).
+``OLMOCR_SERVER_READY_TIMEOUT`` seconds (read when the task runs; default ``COLD_START_TIMEOUT_S``, 1800,
+a cold vLLM start).
 At the deadline the task raises ``ServerNotReady``, which its retry policy retries.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from olmocr_tasks.core import environment
 from olmocr_tasks.core.config import positive_number
 from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.provider import DEFAULT_CONN_ID
@@ -26,20 +27,18 @@ from olmocr_tasks.provider.hooks import VllmHook
 from olmocr_tasks.provider.retries import INFRASTRUCTURE_RETRIES
 from olmocr_tasks.provider.triggers import (
     DEFAULT_POLL_INTERVAL_S,
-    DEFAULT_TIMEOUT_S,
     VllmReadyTrigger,
     models_from_event,
     probe_once,
     readiness_payload,
 )
 
-READY_TIMEOUT_ENV = "OLMOCR_SERVER_READY_TIMEOUT"
-
 
 def ready_timeout_s(value: float | None = None) -> float:
-    """The deferral's deadline in seconds: ``value``, else ``OLMOCR_SERVER_READY_TIMEOUT``, else 30 minutes."""
-    raw: Any = value if value is not None else os.environ.get(READY_TIMEOUT_ENV) or DEFAULT_TIMEOUT_S
-    return positive_number(READY_TIMEOUT_ENV, raw, float, unit="a number of seconds")
+    """The deferral's deadline in seconds: ``value``, else ``OLMOCR_SERVER_READY_TIMEOUT``, else a cold start's."""
+    if value is None:
+        return environment.server_ready_timeout_s()
+    return float(positive_number("ready_timeout_s", value, float, unit="a number of seconds"))
 
 
 class CheckVllmServerOperator(BaseOperator):

@@ -9,10 +9,9 @@ never see (they get a LastModified window), and ``provider.run_requests`` falls 
 
 from __future__ import annotations
 
-import os
-
 from airflow.sdk import Param
 
+from olmocr_tasks.core import environment
 from olmocr_tasks.core.config import ConversionSettings
 from olmocr_tasks.core.formats import FORMATS
 from olmocr_tasks.inference.priority import AUTO, CLASSES
@@ -25,22 +24,18 @@ DEFAULT_SCOPE = "auto"
 DEFAULT_LOOKBACK_INTERVALS = 1.0
 
 
-def _env(name: str) -> str | None:
-    return os.environ.get(name) or None
-
-
 def ingest_params() -> dict[str, Param]:
     """The trigger form of the ingestion DAG."""
     return {
         "input_uri": Param(
-            _env("OLMOCR_INPUT_URI"),
+            environment.input_uri(),
             type=["null", "string"],
             title="Input",
             description="Where the PDFs are: s3://bucket/prefix/ or a local folder (default: OLMOCR_INPUT_URI).",
             section="Input and output",
         ),
         "output_uri": Param(
-            _env("OLMOCR_OUTPUT_URI"),
+            environment.output_uri(),
             type=["null", "string"],
             title="Output",
             description="Where markdown, Dolma records and manifests go (default: OLMOCR_OUTPUT_URI).",
@@ -118,7 +113,7 @@ def event_params() -> dict[str, Param]:
     """The trigger form of the S3-event DAG: the events choose the documents."""
     params = ingest_params()
     params["input_uri"] = Param(
-        _env("OLMOCR_INPUT_URI"),
+        environment.input_uri(),
         type=["null", "string"],
         title="Input prefix",
         description="Output names mirror keys relative to this prefix, as in the ingestion DAG.",
@@ -206,4 +201,4 @@ def _shared_params() -> dict[str, Param]:
 
 
 def _lookback_default() -> float:
-    return float(os.environ.get("OLMOCR_LOOKBACK_INTERVALS") or DEFAULT_LOOKBACK_INTERVALS)
+    return environment.lookback_intervals(DEFAULT_LOOKBACK_INTERVALS)

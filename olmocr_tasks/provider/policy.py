@@ -34,13 +34,13 @@ convert pool's free slots.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from airflow.policies import hookimpl
 
+from olmocr_tasks.core import environment
 from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.inference.priority import AIRFLOW_WEIGHT, HIGH, run_class
 
@@ -155,20 +155,12 @@ def policy_dags() -> frozenset[str]:
 
     An environment setting rather than a DAG attribute: the scheduler sees a serialized DAG, and a DAG
     of one's own built with ``conversion_flow`` is added here by name."""
-    value = os.environ.get("OLMOCR_POLICY_DAGS")
-    names = value.split(",") if value else DEFAULT_POLICY_DAGS
-    return frozenset(name.strip() for name in names if name.strip())
+    return environment.policy_dags(DEFAULT_POLICY_DAGS)
 
 
 def _pool() -> str:
-    # The convert tasks' own setting, imported when first needed: every Airflow component loads this
-    # policy, and only the scheduler's hook calls need the engine modules behind the setting.
-    from olmocr_tasks.provider.environment import convert_pool
-
-    return convert_pool()
+    return environment.convert_pool()
 
 
 def _high_priority_pool() -> str:
-    from olmocr_tasks.provider.environment import high_priority_pool
-
-    return high_priority_pool()
+    return environment.high_priority_pool()

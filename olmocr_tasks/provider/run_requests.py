@@ -1,7 +1,9 @@
-"""A run's request from its Airflow context: Params, ``dag_run`` and the vLLM connection → ``RunRequest``.
+"""A run's request from its Airflow context: Params, ``dag_run``, the vLLM connection and the environment.
 
-Also what else the context decides about the run: its LastModified window (``resolve_window``), its
-priority class and render niceness, its batching rule (Params, the deployment's settings and Airflow's
+``build_request`` is ``plan``'s: the run is resolved there once and kept with its plan, and the later
+tasks read it back (``olmocr_tasks.run.planned``) instead of resolving it again. Also what else the
+context decides about the run: its LastModified window (``resolve_window``), its priority class and
+render niceness, its batching rule (Params, the deployment's settings and Airflow's
 ``max_map_length``), and what its manifest records about the DAG run and the task. Raises
 ``ConfigurationError`` with a message meant for the person who triggered the run; the task bodies
 (``provider.tasks``) turn it into a failed task.
@@ -16,17 +18,23 @@ from typing import Any
 
 from airflow.sdk import conf
 
+from olmocr_tasks.core import environment
 from olmocr_tasks.core.config import ConversionSettings, ServerSettings
 from olmocr_tasks.core.errors import ConfigurationError
-from olmocr_tasks.core.formats import FORMATS, parse_formats
 from olmocr_tasks.inference.priority import HIGH, LOW, RENDER_NICE, VLLM_PRIORITY, run_class
-from olmocr_tasks.provider import DEFAULT_CONN_ID, environment
+from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.hooks import VllmHook
 from olmocr_tasks.provider.params import DEFAULT_LOOKBACK_INTERVALS, DEFAULT_SCOPE, SCOPES
-from olmocr_tasks.run.batching import UNMEASURED_MAX_PAGES, UNMEASURED_MAX_WAVES, BatchingRule
-from olmocr_tasks.run.instance_costs import InstanceCosts
-from olmocr_tasks.run.request import RunRequest
-from olmocr_tasks.run.settings import RunSettings
+from olmocr_tasks.run.batching import (
+    DEFAULT_BYTES_PER_PAGE,
+    DEFAULT_PARALLEL,
+    LOW_CLASS_MIN_WAVES,
+    UNMEASURED_MAX_PAGES,
+    UNMEASURED_MAX_WAVES,
+    BatchingRule,
+)
+from olmocr_tasks.run.instance_costs import DEFAULT_OVERHEAD_FRACTION, InstanceCosts
+from olmocr_tasks.run.request import RunRequest, resolve_run
 from olmocr_tasks.storage.access import AccessPolicy
 
 # Run types whose data interval is a real window of time to discover in.
@@ -77,13 +85,14 @@ def airflow_run_id(context: Mapping[str, Any]) -> str:
 
 
 def build_request(
-    context: Mapping[str, Any], documents: Sequence[str] | None = None, *, planning: bool = False
+    context: Mapping[str, Any], documents: Sequence[str] | None = None, *, priority_class: str | None = None
 ) -> RunRequest:
-    """This run's ``RunRequest`` from its Params, its ``dag_run`` and the vLLM connection.
+    """This run's ``RunRequest`` from its Params, its ``dag_run``, the vLLM connection and the deployment's
+    environment: what ``plan`` resolves once and keeps with the plan (``olmocr_tasks.run.planned``).
 
-    ``documents`` (from the events) wins over the ``documents`` Param. What to discover (the input
-    and the LastModified window) is checked only when ``planning``: later tasks work from the plan.
-    Raises ``ConfigurationError`` with a message meant for the person who triggered the run.
+    ``documents`` (from the events) wins over the ``documents`` Param; ``priority_class``: the run's, when
+    the caller has it already (``run_priority_class``). Raises ``ConfigurationError`` with a message meant
+    for the person who triggered the run.
     """
     params = context["params"]
     output_uri = params.get("output_uri")
@@ -94,7 +103,7 @@ def build_request(
     input_uri = params.get("input_uri") or ""
     after, until = (None, None)
     run_type = _value(context["dag_run"].run_type)
-    if planning and documents is None:
+    if documents is None:
         if not input_uri:
             raise ConfigurationError("no input: set the input_uri Param (or OLMOCR_INPUT_URI), or list documents")
         after, until = resolve_window(
@@ -105,30 +114,26 @@ def build_request(
             float(params.get("lookback_intervals", DEFAULT_LOOKBACK_INTERVALS)),
         )
     hook = VllmHook(DEFAULT_CONN_ID)
-    priority_class = run_priority_class(context, documents)
+    if priority_class is None:
+        priority_class = run_priority_class(context, documents)
     server = hook.server_settings(priority=VLLM_PRIORITY[priority_class])
     if (requested := params.get("max_concurrent_requests")) is not None:
         server = dataclasses.replace(server, max_concurrent_requests=allowed_concurrency(int(requested), server))
     settings = ConversionSettings(
         server=server,
-        max_page_error_rate=float(params.get("max_page_error_rate", ConversionSettings.max_page_error_rate)),
-        formats=run_formats(params),
         gpu_hour_price=hook.gpu_hour_price(),
         render_nice=render_nice(priority_class),
         limits=environment.document_limits(),
     )
-    return RunRequest(
+    return resolve_run(
+        params,
         input_uri=input_uri,
         output_uri=output_uri,
         run_id=airflow_run_id(context),
         settings=settings,
-        documents=tuple(documents) if documents is not None else None,
+        documents=documents,
         modified_after=after,
         modified_until=until,
-        reprocess=bool(params.get("reprocess", False)),
-        max_documents=params.get("max_documents"),
-        run_settings=run_settings(params),
-        retry_dead_letters=bool(params.get("retry_dead_letters", False)),
         # Reconciliation: scheduled runs and runs that list everything (a manual scope "all"). A backfill
         # retries failures inside its own interval only: its runs of adjacent intervals run at once.
         redrive=documents is None and (run_type == "scheduled" or (after is None and until is None)),
@@ -137,20 +142,6 @@ def build_request(
         claim_expiry_s=environment.claim_expiry_s(),
         # The workers' allow-list: each task checks the run against it (``provider.tasks``).
         access=AccessPolicy.from_env(),
-    )
-
-
-def run_formats(params: Mapping[str, Any]) -> tuple[str, ...]:
-    """The ``formats`` Param as ``ConversionSettings.formats`` (all when absent)."""
-    chosen = parse_formats(params.get("formats"))
-    return tuple(name for name in FORMATS if name in chosen)
-
-
-def run_settings(params: Mapping[str, Any]) -> RunSettings:
-    """The run's error budget and dead-letter threshold from its Params (defaults: ``RunSettings``)."""
-    return RunSettings(
-        max_document_error_rate=float(params.get("max_document_error_rate", RunSettings.max_document_error_rate)),
-        max_failed_attempts=int(params.get("max_failed_attempts", RunSettings.max_failed_attempts)),
     )
 
 
@@ -167,7 +158,7 @@ def run_priority_class(context: Mapping[str, Any], documents: Sequence[str] | No
     if params.get("priority_class") == HIGH and not environment.allow_high_priority():
         raise ConfigurationError(
             "priority_class 'high' is refused: this deployment does not let a run raise its own priority "
-            f"(set {environment.ALLOW_HIGH_PRIORITY_ENV}=true on the workers to allow it; with 'auto', a run "
+            f"(set {environment.ALLOW_HIGH_PRIORITY}=true on the workers to allow it; with 'auto', a run "
             "naming its documents is high already)"
         )
     return chosen
@@ -180,7 +171,7 @@ def allowed_concurrency(requested: int, connection: ServerSettings) -> int:
     if requested > limit and not environment.allow_high_priority():
         raise ConfigurationError(
             f"max_concurrent_requests {requested} is refused: it is above the vLLM connection's {limit} "
-            f"(leave it empty for the connection's, or set {environment.ALLOW_HIGH_PRIORITY_ENV}=true on the workers)"
+            f"(leave it empty for the connection's, or set {environment.ALLOW_HIGH_PRIORITY}=true on the workers)"
         )
     return requested
 
@@ -189,7 +180,7 @@ def render_nice(priority_class: str) -> int:
     """Niceness added to the render workers of a run of ``priority_class`` (``OLMOCR_LOW_PRIORITY_NICE``)."""
     if priority_class != LOW:
         return RENDER_NICE[priority_class]
-    return environment.low_priority_nice()
+    return environment.low_priority_nice(RENDER_NICE[LOW])
 
 
 def schedule_interval(context: Mapping[str, Any]) -> timedelta:
@@ -281,15 +272,15 @@ def batching_rule(
     unmeasured = not min_pages and costs is None
     max_waves, max_pages = (UNMEASURED_MAX_WAVES, UNMEASURED_MAX_PAGES) if unmeasured else (None, None)
     if not min_pages and costs is not None:
-        min_pages = costs.min_pages(environment.instance_overhead())
+        min_pages = costs.min_pages(environment.instance_overhead(DEFAULT_OVERHEAD_FRACTION))
     short_waves = priority_class == LOW and not named_size
     try:
         return BatchingRule(
             min_pages=int(min_pages or request.settings.server.concurrency.max_concurrent_requests),
-            parallel=environment.convert_slots(),
+            parallel=environment.convert_slots(DEFAULT_PARALLEL),
             max_batches=max_map_length(),
-            bytes_per_page=environment.bytes_per_page(),
-            min_waves=environment.low_class_waves() if short_waves else 1,
+            bytes_per_page=environment.bytes_per_page(DEFAULT_BYTES_PER_PAGE),
+            min_waves=environment.low_class_waves(LOW_CLASS_MIN_WAVES) if short_waves else 1,
             max_waves=max_waves,
             max_pages=max_pages,
         )

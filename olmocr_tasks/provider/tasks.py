@@ -1,21 +1,25 @@
 """The conversion tasks' bodies: glue between Airflow's task context and the engine.
 
-Each body resolves the run's request from its context (``provider.run_requests``), opens storage
-through the ``aws_default`` connection (``provider.hooks``) and calls the engine: planning
-(``olmocr_tasks.run.planning.plan_batches``), converting (``olmocr_tasks.run.pipeline.convert_batch``)
-and publishing (``olmocr_tasks.run.publishing.publish_run``, the CLI's path too). A configuration error
-fails the task at once, with its message. The task definitions and their graph are ``provider.flow``.
+``plan`` resolves the run once from its context (``provider.run_requests``: Params, the vLLM connection,
+the deployment's environment) and plans it (``olmocr_tasks.run.planned.plan_in_batches``), which keeps
+the resolved run beside the plan. ``convert`` and ``publish_manifest`` open that plan by name
+(``olmocr_tasks.run.planned.open_planned_run``) and work from the run as planned: converting one batch
+(``convert_planned_batch``) and publishing (``publish_planned_run``, through the CLI's publish path).
+What they read for themselves is the vLLM connection's address and key, the workers' allow-list and the
+attempt's try number and identity. Storage goes through the ``aws_default`` connection
+(``provider.hooks``). A configuration error fails the task at once, with its message. The task
+definitions and their graph are ``provider.flow``.
 
 XCom carries only batch descriptors (``{"plan": "p1-3f9c0a2e", "batch": "b00012", "label":
 "inbox/report.pdf", "documents": 1}``), the plan id and counts; credentials are resolved inside each
-task from the ``aws_default`` connection and never leave process memory.
+task from the connections and never leave process memory.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import replace
 from typing import Any
 
@@ -24,14 +28,13 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from olmocr_tasks.core.errors import ConfigurationError, ServerMisconfigured
 from olmocr_tasks.core.niceness import nice_process_tree
-from olmocr_tasks.location.layout import ConversionState, OutputLocation
-from olmocr_tasks.location.manifest import PAGE_COUNT_KEYS, STATUSES
-from olmocr_tasks.location.runs import new_plan_id, safe_name
+from olmocr_tasks.provider import DEFAULT_CONN_ID
 from olmocr_tasks.provider.competition import CompetitionWatch, other_active_runs, polls_from_a_thread_are_safe
-from olmocr_tasks.provider.hooks import storage_for
+from olmocr_tasks.provider.hooks import VllmHook, run_storage, storage_for
 from olmocr_tasks.provider.lineage import report_converted, report_published
 from olmocr_tasks.provider.resources import log_peak_memory
 from olmocr_tasks.provider.run_requests import (
+    airflow_run_id,
     airflow_run_record,
     batching_rule,
     build_request,
@@ -40,11 +43,18 @@ from olmocr_tasks.provider.run_requests import (
 )
 from olmocr_tasks.run import instance_costs
 from olmocr_tasks.run.instance_costs import InstanceCosts, InstanceTiming
-from olmocr_tasks.run.pipeline import convert_batch, convert_time_limit
-from olmocr_tasks.run.planning import plan_batches
-from olmocr_tasks.run.publishing import publish_run
+from olmocr_tasks.run.pipeline import SUMMARY_COUNTERS, convert_time_limit
+from olmocr_tasks.run.planned import (
+    PlannedRun,
+    checked_batch_key,
+    convert_planned_batch,
+    open_planned_run,
+    plan_in_batches,
+    publish_planned_run,
+)
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.run.s3_events import documents_from_asset_events
+from olmocr_tasks.storage.access import AccessPolicy
 from olmocr_tasks.storage.store import Storage
 
 log = logging.getLogger(__name__)
@@ -56,6 +66,9 @@ OUTPUTS_ASSET = Asset(name="olmocr_outputs")
 OUTPUTS_ALIAS = AssetAlias(name="olmocr_outputs_published")
 # The XCom key under which plan publishes its plan id (for publish_manifest; batches carry it too).
 PLAN_ID_XCOM = "plan_id"
+# Where convert's ``pre_execute`` keeps the plan it opened for the task's body (one context per
+# attempt): the attempt reads its resolved run once, over one storage.
+PLANNED_RUN_KEY = "olmocr_planned_run"
 
 
 def _fail_on_configuration(exc: ConfigurationError) -> AirflowFailException:
@@ -63,38 +76,61 @@ def _fail_on_configuration(exc: ConfigurationError) -> AirflowFailException:
 
 
 def plan_body(context: Mapping[str, Any], event_asset: str | None = None) -> list[dict[str, Any]]:
-    """Discover, write the plan and the batches; return one small descriptor per batch.
+    """Resolve the run, discover, write the run, the plan and the batches; return one small descriptor per batch.
 
     With ``event_asset`` the documents are exactly those named by the run's events on that asset.
     """
     documents = event_documents_body(context, event_asset) if event_asset is not None else None
     try:
-        request = build_request(context, documents, planning=True)
+        priority_class = run_priority_class(context, documents)
+        request = build_request(context, documents, priority_class=priority_class)
         # Before any read or write: Params, documents and event keys inside the deployment's allow-list
         # (each document is checked again, resolved, as it is planned and as it is opened).
         request.access.check_run(request.input_uri, request.output_uri, request.documents)
-        priority_class = run_priority_class(context, documents)
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
     storage = storage_for([request.input_uri, request.output_uri, *(request.documents or ())])
     # Instances sized by what the last measured run's instances cost (none yet: the request window).
-    costs = instance_costs.load(storage, _conversion_state(request))
+    costs = instance_costs.load(storage, request.conversion_state)
     try:
         rule = batching_rule(context["params"], request, priority_class, costs)
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
-    # A fresh plan id per planning: a cleared and re-run DAG run plans again, and nothing a task of the
-    # earlier plan still writes can reach this plan's manifest.
-    folder = request.run_folder(storage, new_plan_id(f"p{context['ti'].try_number}"))
-    descriptors = plan_batches(request, storage, folder, rule)
+    plan_id, descriptors = plan_in_batches(request, storage, rule, label=f"p{context['ti'].try_number}")
     # Last, once the plan and every batch are written: publish_manifest reads only a complete plan,
     # and only this pass's (a cleared run's plan clears its XCom when it starts again).
-    context["ti"].xcom_push(key=PLAN_ID_XCOM, value=folder.plan_id)
+    context["ti"].xcom_push(key=PLAN_ID_XCOM, value=plan_id)
     log_peak_memory()
     return descriptors
 
 
-def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[str, Any]:
+def planned_run(context: MutableMapping[str, Any], plan_id: Any) -> PlannedRun:
+    """The plan ``plan_id`` (as XCom gave it: checked) of this DAG run, its resolved run read back once.
+
+    Located by the ``output_uri`` Param and the run id; what the plan resolved is then the run's, not
+    what the Params, the vLLM connection or the environment say now. Read for this task, at use: the
+    vLLM connection's address and key, and the workers' allow-list. Kept in ``context``, so convert's
+    ``pre_execute`` and body open it once between them.
+    """
+    kept = context.get(PLANNED_RUN_KEY)
+    if isinstance(kept, PlannedRun) and kept.plan_id == plan_id:
+        return kept
+    output_uri = context["params"].get("output_uri")
+    if not output_uri:
+        raise ConfigurationError("no output: set the output_uri Param or the OLMOCR_OUTPUT_URI variable")
+    run = open_planned_run(
+        run_storage(),
+        output_uri,
+        airflow_run_id(context),
+        plan_id,
+        server=VllmHook(DEFAULT_CONN_ID).server_access(),
+        access=AccessPolicy.from_env(),
+    )
+    context[PLANNED_RUN_KEY] = run
+    return run
+
+
+def convert_body(context: MutableMapping[str, Any], batch: Mapping[str, Any]) -> dict[str, Any]:
     """Convert one batch; its documents' entries go to a part file, a summary to XCom.
 
     The batch descriptor comes through XCom and its sources from the run folder: both are checked
@@ -102,33 +138,26 @@ def convert_body(context: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[s
     just before it is opened, an ``outside_allowed`` failure if it is not).
     """
     try:
-        request = build_request(context)
-        request.access.check_run(request.input_uri, request.output_uri)
-        # Read back from XCom: names of the run folder's objects only if they are safe names.
-        plan_id, batch_key = safe_name(batch.get("plan"), "plan id"), safe_name(batch.get("batch"), "batch key")
-        batch = {**batch, "plan": plan_id, "batch": batch_key}
+        batch_key = checked_batch_key(batch.get("batch"))
+        run = planned_run(context, batch.get("plan"))
+        batch = {**batch, "plan": run.plan_id, "batch": batch_key}
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
-    request, watch = give_way(request, lambda: other_active_runs(context))
+    request, watch = give_way(run.request, lambda: other_active_runs(context))
     try:
-        return _convert(context, request, batch)
+        return _convert(context, replace(run, request=request), batch)
     finally:
         if watch is not None:
             watch.stop()
         log_peak_memory()
 
 
-def _convert(context: Mapping[str, Any], request: RunRequest, batch: Mapping[str, Any]) -> dict[str, Any]:
-    sources = request.run_folder(storage_for([request.output_uri]), batch["plan"]).read_batch(batch["batch"])
-    storage = storage_for([request.input_uri, request.output_uri, *(source.uri for source in sources)])
+def _convert(context: Mapping[str, Any], run: PlannedRun, batch: Mapping[str, Any]) -> dict[str, Any]:
     converting_since = time.monotonic()
     try:
-        result = convert_batch(
-            request,
-            storage,
+        result = convert_planned_batch(
+            run,
             batch["batch"],
-            sources,
-            folder=request.run_folder(storage, batch["plan"]),
             try_number=context["ti"].try_number,
             # The batch names the instance a packed document ran in (the map index, in the grid).
             task_context=task_identity(context) | {"batch": batch["batch"]},
@@ -179,16 +208,17 @@ def give_way(request: RunRequest, others: Callable[[], int]) -> tuple[RunRequest
     return replace(request, settings=replace(request.settings, render_nice=0)), watch
 
 
-def limit_convert_time(context: Mapping[str, Any]) -> None:
+def limit_convert_time(context: MutableMapping[str, Any]) -> None:
     """``pre_execute`` of convert: this instance's ``execution_timeout`` from its batch and the timeouts.
 
     A mapped task has one static timeout for all its instances; a one-page batch and a 3,000-page one
-    need different bounds, so each instance sets its own before it runs (``convert_time_limit``).
+    need different bounds, so each instance sets its own before it runs (``convert_time_limit``), from
+    the settings its run was planned with (read here once: the body works from the same).
     """
     task = context["task"]
     batch = task.op_kwargs["batch"]
     try:
-        settings = build_request(context).settings
+        settings = planned_run(context, batch.get("plan")).request.settings
     except ConfigurationError:
         return  # convert_body reports it
     task.execution_timeout = convert_time_limit(int(batch.get("pages") or 0), int(batch["documents"]), settings)
@@ -199,27 +229,23 @@ def emit_metrics(summary: Mapping[str, Any]) -> None:
     """Counters through Airflow's own metrics (StatsD / OpenTelemetry when configured, else no-ops)."""
     from airflow.sdk.observability.stats import Stats
 
-    for key in (*PAGE_COUNT_KEYS, *STATUSES):
+    for key in SUMMARY_COUNTERS:
         if summary.get(key):
             Stats.incr(f"olmocr.{key}", int(summary[key]))
 
 
-def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
+def publish_body(context: MutableMapping[str, Any]) -> dict[str, Any]:
     """Write the run manifest from the plan and every part; emit the outputs asset event."""
     plan_id = context["ti"].xcom_pull(task_ids="plan", key=PLAN_ID_XCOM)
     if plan_id is None:
         raise AirflowSkipException("the plan task did not succeed: there is nothing to publish")
     try:
-        request = build_request(context)
-        request.access.check_run(request.input_uri, request.output_uri)
-        plan_id = safe_name(plan_id, "plan id")
+        run = planned_run(context, plan_id)
     except ConfigurationError as exc:
         raise _fail_on_configuration(exc) from None
-    storage = storage_for([request.input_uri, request.output_uri])
-    folder = request.run_folder(storage, plan_id)
     # Documents whose batch never reported are failures of this run: later runs re-drive them. The
     # error budget is judged once, there; the verdict travels in the manifest (and in this task's XCom).
-    published = publish_run(request, storage, folder, folder.read_plan(), airflow_run=airflow_run_record(context))
+    published = publish_planned_run(run, airflow_run=airflow_run_record(context))
     report_published(published.uri)
     summary = published.summary()
     if summary["converted"]:
@@ -227,13 +253,9 @@ def publish_body(context: Mapping[str, Any]) -> dict[str, Any]:
     else:
         log.info("nothing was converted: no event on %s", OUTPUTS_ASSET.name)
     log.info("published %s: %s", published.uri, published.manifest.counts())
-    measure_instances(context, request, storage)
+    measure_instances(context, run.request, run.storage)
     log_peak_memory()
     return summary
-
-
-def _conversion_state(request: RunRequest) -> ConversionState:
-    return OutputLocation(request.output_uri).state(request.conversion_key)
 
 
 def measure_instances(context: Mapping[str, Any], request: RunRequest, storage: Storage) -> InstanceCosts | None:
@@ -250,7 +272,7 @@ def measure_instances(context: Mapping[str, Any], request: RunRequest, storage: 
     ]
     costs = instance_costs.measure(timings)
     if costs is not None:
-        instance_costs.save(storage, _conversion_state(request), costs)
+        instance_costs.save(storage, request.conversion_state, costs)
         log.info(
             "convert instances: %d, at most %d at once, %.2f s fixed cost each, %.2f pages/s converting each",
             costs.instances,

@@ -24,13 +24,11 @@ from urllib.parse import urlsplit
 import httpx
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from olmocr_tasks.core.config import ServerSettings
+from olmocr_tasks.core.config import COLD_START_TIMEOUT_S, ServerSettings
 from olmocr_tasks.core.errors import ConfigurationError, ServerNotReady
 from olmocr_tasks.inference.readiness import ModelsProbe, ProbeResult
 from olmocr_tasks.provider import DEFAULT_CONN_ID
 
-# A cold vLLM start: the compose file allows vLLM this long too.
-DEFAULT_TIMEOUT_S = 30 * 60.0
 DEFAULT_POLL_INTERVAL_S = 10.0
 _PROBE_TIMEOUT_S = 10.0
 
@@ -44,7 +42,7 @@ class VllmReadyTrigger(BaseTrigger):
         conn_id: str = DEFAULT_CONN_ID,
         *,
         deadline: float | None = None,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
+        timeout_s: float = COLD_START_TIMEOUT_S,
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
     ) -> None:
         super().__init__()

@@ -13,7 +13,7 @@ process (the CLI); the Airflow tasks call the same steps one task at a time.
 from __future__ import annotations
 
 import asyncio
-import copy
+import dataclasses
 import logging
 import math
 from collections import Counter
@@ -22,16 +22,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TextIO
 
-from olmocr_tasks.core.config import ConversionSettings
+from olmocr_tasks.core.config import ConversionSettings, ServerSettings
 from olmocr_tasks.core.errors import ServerMisconfigured
 from olmocr_tasks.core.gpu_busy import NOTHING_SENT, GpuBusy
 from olmocr_tasks.inference.client_factory import build_client
 from olmocr_tasks.location.claims import ClaimBook, ClaimHolder
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.ledger import Ledger
-from olmocr_tasks.location.manifest import DocumentEntry, count_entries, manifest_uri
+from olmocr_tasks.location.manifest import PAGE_COUNT_KEYS, STATUSES, DocumentEntry, count_entries, manifest_uri
 from olmocr_tasks.location.manifest_reader import ManifestReader
-from olmocr_tasks.location.runs import RunFolder, RunPlan
+from olmocr_tasks.location.runs import SINGLE_PLAN, RunFolder, RunPlan
 from olmocr_tasks.run.conversion import ConversionEngine
 from olmocr_tasks.run.planning import log_plan, stream_plan
 from olmocr_tasks.run.progress import ProgressCounters, ProgressReporter
@@ -46,6 +46,8 @@ SINGLE_BATCH = "all"
 # The CLI converts a run this many documents at a time, each slice a batch of its own in the run
 # folder: what it holds (entries, the part, the attempt listing) is one slice's, whatever the run's size.
 CLI_BATCH_DOCUMENTS = 2_000
+# The counts a batch's summary carries (``count_entries``): pages by kind and documents by status.
+SUMMARY_COUNTERS = (*PAGE_COUNT_KEYS, *STATUSES)
 
 
 async def convert_sources(
@@ -60,14 +62,16 @@ async def convert_sources(
     claims: ClaimBook | None = None,
     superseded: Callable[[], bool] | None = None,
     progress_counters: ProgressCounters | None = None,
+    ledger: Ledger | None = None,
 ) -> ConvertedSources:
     """Convert documents in this process. Raises ``InfrastructureError`` when the work must be retried.
 
     With ``claims`` each document is claimed before it is converted (see ``olmocr_tasks.location.claims``).
+    ``ledger``: the run's ledger on ``storage``, when the caller has it open already.
     """
     if not sources:
         return ConvertedSources([], NOTHING_SENT)
-    ledger = Ledger(request.output_uri, storage, request.conversion_key)
+    ledger = ledger or Ledger(request.output_uri, storage, request.conversion_key)
     async with ProgressReporter(len(sources), stream=progress_stream, counters=progress_counters) as progress:
         engine = ConversionEngine(
             request.settings,
@@ -112,7 +116,37 @@ def convert_batch(
     batch_key: str,
     sources: Sequence[SourceDocument],
     *,
-    folder: RunFolder | None = None,
+    plan_id: str = SINGLE_PLAN,
+    try_number: int | None = None,
+    task_context: dict[str, Any] | None = None,
+    progress_stream: TextIO | None = None,
+    progress_counters: ProgressCounters | None = None,
+    check_ready: bool = True,
+) -> BatchResult:
+    """``convert_batch_in`` the run folder of ``plan_id``, counting the batch's storage requests on their own.
+
+    Its own request counter (it also adds to the storage's): its part reports what the batch cost in
+    storage requests, even when other batches share this process's storage (the CLI's slices).
+    """
+    return convert_batch_in(
+        request,
+        request.run_folder(storage.counting(), plan_id),
+        batch_key,
+        sources,
+        try_number=try_number,
+        task_context=task_context,
+        progress_stream=progress_stream,
+        progress_counters=progress_counters,
+        check_ready=check_ready,
+    )
+
+
+def convert_batch_in(
+    request: RunRequest,
+    folder: RunFolder,
+    batch_key: str,
+    sources: Sequence[SourceDocument],
+    *,
     try_number: int | None = None,
     task_context: dict[str, Any] | None = None,
     progress_stream: TextIO | None = None,
@@ -127,18 +161,17 @@ def convert_batch(
     earlier attempt failed included: see ``BatchAttempt.start``). Each
     entry is saved the moment its document finishes, and the whole list in a part at the end: if the
     attempt dies (server outage, worker killed), publishing still reports what it did finish.
-    ``try_number`` None means the next one (a process resuming a batch on its own, like the CLI).
+    ``try_number`` None means the next one (a process resuming a batch on its own, like the CLI). The
+    batch's work goes through ``folder.storage``, and its part reports what that storage's counter
+    counted: the batch's own (``convert_batch``, ``run.planned.convert_planned_batch``).
     """
-    # The batch's own request counter (it also adds to the storage's): its part reports what the batch
-    # cost in storage requests, even when other batches share this process's storage.
-    storage = storage.counting()
-    folder = copy.copy(folder) if folder is not None else request.run_folder(storage)
-    folder.storage = storage
+    storage = folder.storage
     attempt = folder.attempt(batch_key, try_number or folder.next_try(batch_key))
     finished = attempt.start()
+    ledger = Ledger(request.output_uri, storage, request.conversion_key)
     claims = ClaimBook(
         storage,
-        Ledger(request.output_uri, storage, request.conversion_key).state,
+        ledger.state,
         ClaimHolder(request.run_id, folder.plan_id, batch_key, attempt.try_number, request.run_time),
         request.claim_expiry,
         # A run naming its documents was asked for exactly these: a cool-down is for re-drive.
@@ -173,6 +206,7 @@ def convert_batch(
                 superseded=attempt.superseded,
                 progress_counters=progress_counters,
                 check_ready=check_ready,
+                ledger=ledger,
             )
         )
     except ServerMisconfigured as exc:
@@ -248,7 +282,7 @@ def run_conversion(
     """
     # Before anything is planned, as Airflow's check_server: a server that refuses this client from
     # the start fails the run here, and no manifest lists its documents as not converted.
-    check_server(request.settings)
+    check_server(request.settings.server)
     folder = request.run_folder(storage)
     plan = None if storage.exists(manifest_uri(request.output_uri, request.run_id)) else folder.read_plan_or_none()
     if plan is None:
@@ -265,7 +299,7 @@ def run_conversion(
                 storage,
                 key,
                 sources,
-                folder=folder,
+                plan_id=folder.plan_id,
                 progress_stream=progress_stream,
                 progress_counters=counters,
                 check_ready=index == 0,  # one readiness wait per conversion, as before
@@ -289,14 +323,17 @@ def _cli_slices(plan: RunPlan, folder: RunFolder, batch_documents: int) -> Itera
         yield cli_batch_key(index), plan.sources[start : start + batch_documents]
 
 
-def check_server(settings: ConversionSettings) -> list[str]:
-    """Wait until the server serves the model; return the models it lists.
+def check_server(server: ServerSettings) -> list[str]:
+    """Wait up to ``readiness_timeout_s`` until every replica serves the model; return the models listed.
 
-    Raises ``ServerNotReady`` (``ServerMisconfigured`` for a refused key or a missing model).
+    The one synchronous readiness check: the CLI's before it plans, the vLLM connection's "Test" button
+    and ``VllmHook.check_ready``. Raises ``ServerNotReady`` (``ServerMisconfigured`` for a refused key
+    or a missing model).
     """
 
     async def check() -> list[str]:
-        async with build_client(settings.server) as client:
+        # Metrics polling is for conversions; a readiness probe does not need it running.
+        async with build_client(dataclasses.replace(server, adaptive_concurrency=False)) as client:
             return await client.check_ready()
 
     return asyncio.run(check())

@@ -310,11 +310,15 @@ def plan_batches(
     to the run folder ``slice_documents`` at a time while their estimated pages are summed; the
     packing that fits ``rule.max_batches`` is found by counting its packs over the slices read back,
     then the slices are read once more and each pack is written as it is cut. The slices are removed
-    and the plan, written last (the commit marker), keeps only its batches' keys.
+    and the plan, written last (the commit marker), keeps only its batches' keys. The run itself, as
+    resolved (``RunRequest.to_dict``: no secret), is written first: the plan's later steps read it back.
     """
     before = storage.requests.counts()
     earlier_batches = folder.earlier_batch_count()
     folder.clear_earlier_attempt()
+    # What the plan's later steps work from instead of resolving the run again (``run.planned``): written
+    # before the plan, the commit marker, so every plan there is has its run.
+    folder.write_resolved_run(request.to_dict())
     plan = RunPlan(sources=[])
     total_pages = 0
 

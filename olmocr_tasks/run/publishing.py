@@ -116,6 +116,8 @@ def publish_run(
     """
     before = storage.requests.counts()
     writer = ManifestWriter(storage, request.output_uri, request.run_id, shard_entries=shard_entries)
+    # Where the documents no batch reported are recorded as failures of this run, batch after batch.
+    ledger = Ledger(request.output_uri, storage, request.conversion_key)
     for entry in plan.unavailable:
         writer.add(entry)
     gpu_reports: list[GpuBusy | None] = []
@@ -140,7 +142,7 @@ def publish_run(
             entry.redriven = source.redriven
             writer.add(entry)
         if pending:
-            _mark_not_converted(request, storage, pending.values())
+            _mark_not_converted(request, ledger, pending.values())
             lost += len(pending)
     for entry in plan.left_for_later:
         writer.add(entry)
@@ -191,8 +193,7 @@ def total_storage_requests(reports: Iterable[dict[str, int] | None]) -> dict[str
     return {"by_kind": {kind: totals[kind] for kind in REQUEST_KINDS}, "batches": batches, "complete": complete}
 
 
-def _mark_not_converted(request: RunRequest, storage: Storage, sources: Iterable[SourceDocument]) -> None:
-    ledger = Ledger(request.output_uri, storage, request.conversion_key)
+def _mark_not_converted(request: RunRequest, ledger: Ledger, sources: Iterable[SourceDocument]) -> None:
     for source in sources:
         ledger.mark_failed(
             source.info, NOT_CONVERTED, "its batch did not finish", request.run_id, run_time=request.run_time

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from olmocr_tasks.core.config import DEFAULT_MODEL
+from olmocr_tasks.core.config import COLD_START_TIMEOUT_S, DEFAULT_MODEL
 from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.inference.readiness import ModelsProbe
 
@@ -85,8 +85,8 @@ class VllmOptions:
     extra_args: tuple[str, ...] = ()
     api_key_env: str | None = None
     conn_id: str = "olmocr_vllm"
-    # First start downloads ~9 GB of weights and compiles kernels, hence a generous bound.
-    ready_timeout_s: float = 1800.0
+    # First start downloads ~9 GB of weights and compiles kernels: a cold start's bound.
+    ready_timeout_s: float = COLD_START_TIMEOUT_S
     poll_interval_s: float = 2.0
     max_restarts: int = 5
     backoff_initial_s: float = 5.0

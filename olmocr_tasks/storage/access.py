@@ -29,13 +29,14 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from olmocr_tasks.core import environment
 from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.storage.uri import is_s3, local_path, split_s3
 
-ALLOWED_INPUTS_ENV = "OLMOCR_ALLOWED_INPUTS"
-ALLOWED_OUTPUTS_ENV = "OLMOCR_ALLOWED_OUTPUTS"
-INPUT_URI_ENV = "OLMOCR_INPUT_URI"
-OUTPUT_URI_ENV = "OLMOCR_OUTPUT_URI"
+ALLOWED_INPUTS_ENV = environment.ALLOWED_INPUTS
+ALLOWED_OUTPUTS_ENV = environment.ALLOWED_OUTPUTS
+INPUT_URI_ENV = environment.INPUT_URI
+OUTPUT_URI_ENV = environment.OUTPUT_URI
 ANYWHERE = "*"
 
 _SEPARATORS = re.compile(r"[\s,]+")
@@ -81,11 +82,8 @@ class AccessPolicy:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AccessPolicy:
-        env = os.environ if environ is None else environ
-        return cls(
-            inputs=_prefixes(env.get(ALLOWED_INPUTS_ENV) or env.get(INPUT_URI_ENV)),
-            outputs=_prefixes(env.get(ALLOWED_OUTPUTS_ENV) or env.get(OUTPUT_URI_ENV)),
-        )
+        inputs, outputs = environment.allowed_locations(environ)
+        return cls(inputs=_prefixes(inputs), outputs=_prefixes(outputs))
 
     @classmethod
     def anywhere(cls) -> AccessPolicy:

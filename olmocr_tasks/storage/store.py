@@ -145,23 +145,23 @@ class Storage:
     """Read, write and list objects under local paths, ``file://`` URIs and ``s3://`` URIs.
 
     ``storage_options`` go to s3fs (``key``, ``secret``, ``token``, ``endpoint_url``,
-    ``client_kwargs``, ``config_kwargs``...); without them s3fs uses the environment.
+    ``client_kwargs``, ``config_kwargs``...); without them s3fs uses the environment. A function that
+    returns them is called once, when this storage first reaches S3 (``S3Backend``).
     """
 
     def __init__(
         self,
-        storage_options: dict[str, Any] | None = None,
+        storage_options: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
         *,
         retry: RetryPolicy | None = None,
         multipart_chunksize: int = 50 * 1024 * 1024,
     ) -> None:
-        self._options = dict(storage_options or {})
         self.retry = retry or RetryPolicy()
         # Every request this Storage sends, by kind (``RequestCounter``).
         self.requests = RequestCounter()
         self._local = LocalBackend()
         self._s3 = S3Backend(
-            self._options,
+            storage_options if callable(storage_options) else dict(storage_options or {}),
             botocore_attempts=self.retry.botocore_attempts,
             connect_timeout_s=self.retry.connect_timeout_s,
             read_timeout_s=self.retry.read_timeout_s,
@@ -169,7 +169,8 @@ class Storage:
         )
 
     def __repr__(self) -> str:
-        endpoint = self._options.get("endpoint_url") or self._options.get("client_kwargs", {}).get("endpoint_url")
+        options = self._s3.known_options()
+        endpoint = options.get("endpoint_url") or options.get("client_kwargs", {}).get("endpoint_url")
         shown = redact_url(str(endpoint)) if endpoint else None
         return f"Storage(endpoint_url={shown!r}, retry={self.retry!r})"
 
@@ -353,7 +354,7 @@ class Storage:
 
     def known_secrets(self) -> list[str]:
         """The secrets this storage holds (its credentials, the process's AWS variables), for ``redact``."""
-        return [*secret_values(self._options), *environment_secrets()]
+        return [*secret_values(self._s3.known_options()), *environment_secrets()]
 
     def _scrub(self, text: str) -> str:
         return redact(text, self.known_secrets())

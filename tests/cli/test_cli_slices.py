@@ -56,7 +56,7 @@ def test_a_resumed_run_converts_only_the_slices_it_had_not_finished(tmp_path: Pa
     plan = plan_held_whole(request, storage)
     folder = request.run_folder(storage)
     folder.write_plan(plan)
-    convert_batch(request, storage, cli_batch_key(0), plan.sources[:2], folder=folder)
+    convert_batch(request, storage, cli_batch_key(0), plan.sources[:2], plan_id=folder.plan_id)
     sent_before = standin.stats()["completed"]
 
     reader, _ = run_conversion(request, storage, batch_documents=2)
@@ -105,7 +105,7 @@ def test_a_resumed_streamed_plan_converts_only_its_unfinished_batches(tmp_path: 
     request = _request(inbox, output, standin)
     folder = request.run_folder(storage)
     plan = stream_plan(request, storage, folder, 2, cli_batch_key)
-    convert_batch(request, storage, plan.batch_keys[0], folder.read_batch(plan.batch_keys[0]), folder=folder)
+    convert_batch(request, storage, plan.batch_keys[0], folder.read_batch(plan.batch_keys[0]), plan_id=folder.plan_id)
     pdfgen.write_pdf(inbox / "later.pdf", pdfgen.text_pdf(1, doc_id=99))
     sent_before = standin.stats()["completed"]
 

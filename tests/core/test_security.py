@@ -144,7 +144,7 @@ def test_canary_secrets_appear_nowhere_a_run_leaves_anything(
     outputs["XCom of the plan"] = json.dumps(batches)
     for batch in batches:
         sources = folder.read_batch(batch["batch"])
-        xcom = convert_batch(request, storage, batch["batch"], sources, folder=folder, try_number=1).summary
+        xcom = convert_batch(request, storage, batch["batch"], sources, plan_id=folder.plan_id, try_number=1).summary
         outputs[f"XCom of batch {batch['batch']}"] = json.dumps(xcom)
     published = publish_run(request, storage, folder, folder.read_plan())
     outputs["XCom of the publish"] = json.dumps(published.summary())

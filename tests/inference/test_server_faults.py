@@ -167,7 +167,7 @@ def test_stalled_server_mid_run_fails_the_task_as_retryable_and_the_retry_comple
 
     def attempt() -> None:
         try:
-            convert_batch(request, storage, batch["batch"], sources, folder=folder)
+            convert_batch(request, storage, batch["batch"], sources, plan_id=folder.plan_id)
         except BaseException as exc:
             outcome.append(exc)
 
@@ -193,7 +193,8 @@ def test_stalled_server_mid_run_fails_the_task_as_retryable_and_the_retry_comple
     assert all(record["metadata"]["total-fallback-pages"] == 0 for record in view.dolma.values())
 
     standin.resume()
-    summary = convert_batch(request, storage, batch["batch"], sources, folder=folder).summary  # Airflow's retry
+    # Airflow's retry
+    summary = convert_batch(request, storage, batch["batch"], sources, plan_id=folder.plan_id).summary
     assert summary["failed"] == 0 and summary["fallback_pages"] == 0
     published = publish_run(request, storage, folder, folder.read_plan())
     manifest = published.reader(storage)

@@ -347,8 +347,8 @@ def _real_run(output_uri: str, storage: RecordingStorage, standin: StandinServer
     plan = plan_held_whole(request, storage)
     folder.write_plan(plan)
     # Two batches, as Airflow would map them, and one planned document no batch ever reported.
-    convert_batch(request, storage, "b00000", plan.sources[:3], folder=folder, try_number=1)
-    convert_batch(request, storage, "b00001", plan.sources[3:5], folder=folder, try_number=1)
+    convert_batch(request, storage, "b00000", plan.sources[:3], plan_id=folder.plan_id, try_number=1)
+    convert_batch(request, storage, "b00001", plan.sources[3:5], plan_id=folder.plan_id, try_number=1)
     storage.writes.clear()
     published = publish_run(request, storage, folder, plan, shard_entries=2)
     assert storage.writes[-1] == published.uri and published.not_converted == 1

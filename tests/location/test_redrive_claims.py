@@ -155,13 +155,13 @@ def test_an_attempt_whose_retry_has_started_records_nothing(tmp_path: Path, stan
     folder = request.run_folder(storage)
     folder.write_plan(plan)
     folder.attempt(SINGLE_BATCH, 2).start()  # the retry started while attempt 1 was frozen
-    stale = convert_batch(request, storage, SINGLE_BATCH, plan.sources, folder=folder, try_number=1)
+    stale = convert_batch(request, storage, SINGLE_BATCH, plan.sources, plan_id=folder.plan_id, try_number=1)
     (entry,) = stale.entries
     assert (entry.status, entry.skip_reason, entry.claimed_by) == ("skipped", "claimed", "r")
     ledger = Ledger(str(output), storage, request.conversion_key)
     assert ledger.status(plan.sources[0].info) == "new" and not (output / "dolma").exists()
     # The retry itself converts it.
-    retry = convert_batch(request, storage, SINGLE_BATCH, plan.sources, folder=folder, try_number=2)
+    retry = convert_batch(request, storage, SINGLE_BATCH, plan.sources, plan_id=folder.plan_id, try_number=2)
     assert [entry.status for entry in retry.entries] == ["converted"]
 
 

@@ -166,7 +166,7 @@ def test_page_cap_is_typed_and_checked_before_rendering(tmp_path: Path) -> None:
 def test_a_deployment_sets_the_page_cap_and_render_memory_from_its_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from olmocr_tasks.provider import environment
+    from olmocr_tasks.core import environment
 
     for name in ("OLMOCR_MAX_DOCUMENT_PAGES", "OLMOCR_RENDER_MEMORY_BYTES"):
         monkeypatch.delenv(name, raising=False)

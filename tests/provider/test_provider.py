@@ -29,13 +29,12 @@ from olmocr_tasks.core.errors import (
     ServerUnavailable,
     StorageError,
 )
-from olmocr_tasks.core.formats import FORMATS
+from olmocr_tasks.core.formats import FORMATS, ordered_formats
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.manifest import DocumentEntry, Manifest
 from olmocr_tasks.provider import flow, hooks, run_requests, tasks
 from olmocr_tasks.provider import params as dag_params
 from olmocr_tasks.provider.operators import CheckVllmServerOperator
-from olmocr_tasks.provider.run_requests import run_formats
 from olmocr_tasks.provider.triggers import VllmReadyTrigger
 from olmocr_tasks.run.planning import batch_label
 from olmocr_tasks.run.settings import RunSettings
@@ -137,7 +136,7 @@ def test_build_request_for_a_scheduled_run_uses_its_interval() -> None:
         run_type="scheduled",
         interval=(H, H1),
     )
-    request = run_requests.build_request(ctx, planning=True)
+    request = run_requests.build_request(ctx)
     assert (request.modified_after, request.modified_until) == (H0, H1)
     assert request.documents is None
     assert request.run_id == "olmocr_ingest__scheduled__2026-03-01T10:00:00+00:00"
@@ -151,9 +150,9 @@ def test_build_request_for_a_scheduled_run_uses_its_interval() -> None:
 @pytest.mark.usefixtures("vllm_conn")
 def test_build_request_for_an_asset_or_rest_run_without_logical_date() -> None:
     ctx = context({"input_uri": "/data/in", "output_uri": "/data/out"}, run_type="asset_triggered")
-    request = run_requests.build_request(ctx, planning=True)
+    request = run_requests.build_request(ctx)
     assert (request.modified_after, request.modified_until) == (None, None)
-    explicit = run_requests.build_request(ctx, documents=["s3://b/in/a b.pdf"], planning=True)
+    explicit = run_requests.build_request(ctx, documents=["s3://b/in/a b.pdf"])
     assert explicit.documents == ("s3://b/in/a b.pdf",)
 
 
@@ -162,7 +161,7 @@ def test_build_request_with_a_documents_param_needs_no_input_and_ignores_the_sco
     ctx = context(
         {"input_uri": None, "output_uri": "/o", "documents": ["/d/x.pdf"], "scope": "interval", "reprocess": True}
     )
-    request = run_requests.build_request(ctx, planning=True)
+    request = run_requests.build_request(ctx)
     assert request.documents == ("/d/x.pdf",)
     assert request.reprocess is True
     assert request.modified_after is None
@@ -179,7 +178,7 @@ def test_build_request_with_a_documents_param_needs_no_input_and_ignores_the_sco
 )
 def test_build_request_explains_what_is_missing(params: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
-        run_requests.build_request(context(params), planning=True)
+        run_requests.build_request(context(params))
 
 
 @pytest.mark.usefixtures("vllm_conn")
@@ -190,16 +189,16 @@ def test_only_the_deployment_lets_a_run_raise_its_own_priority(monkeypatch: pyte
     monkeypatch.delenv("OLMOCR_ALLOW_HIGH_PRIORITY", raising=False)
     base = {"input_uri": "s3://b/in/", "output_uri": "s3://b/out/"}
     with pytest.raises(ConfigurationError, match=r"priority_class 'high' is refused.*OLMOCR_ALLOW_HIGH_PRIORITY"):
-        run_requests.build_request(context(base | {"priority_class": "high"}), planning=True)
+        run_requests.build_request(context(base | {"priority_class": "high"}))
     with pytest.raises(ConfigurationError, match=r"above the vLLM connection's 64.*OLMOCR_ALLOW_HIGH_PRIORITY"):
-        run_requests.build_request(context(base | {"max_concurrent_requests": 65}), planning=True)
+        run_requests.build_request(context(base | {"max_concurrent_requests": 65}))
     for chosen in ("low", "normal", "auto"):
-        run_requests.build_request(context(base | {"priority_class": chosen}), planning=True)
+        run_requests.build_request(context(base | {"priority_class": chosen}))
     # auto still ranks a run that names its documents high: the class is the deployment's rule.
     named = context(base | {"documents": ["s3://b/in/a.pdf"]})
     assert run_requests.run_priority_class(named) == "high"
     for window in (1, 64):
-        request = run_requests.build_request(context(base | {"max_concurrent_requests": window}), planning=True)
+        request = run_requests.build_request(context(base | {"max_concurrent_requests": window}))
         assert request.settings.server.concurrency.max_concurrent_requests == window
 
     monkeypatch.setenv("OLMOCR_ALLOW_HIGH_PRIORITY", "true")
@@ -220,14 +219,6 @@ def test_a_run_asking_for_high_priority_fails_at_plan_before_anything_is_written
     with pytest.raises(AirflowFailException, match="priority_class 'high' is refused"):
         run.plan()
     assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.usefixtures("vllm_conn")
-def test_tasks_after_plan_need_neither_input_nor_interval() -> None:
-    # The event DAG may run without OLMOCR_INPUT_URI; convert and publish work from the plan.
-    request = run_requests.build_request(context({"input_uri": None, "output_uri": "/o", "scope": "interval"}))
-    assert request.output_uri == "/o"
-    assert request.input_uri == ""
 
 
 def _manifest_of(statuses: dict[str, int], not_converted: int = 0) -> Manifest:
@@ -383,7 +374,7 @@ def test_params_form() -> None:
     assert form["formats"].resolve(["tiff", "pdf"]) == ["tiff", "pdf"]
     with pytest.raises(ParamValidationError):
         form["formats"].resolve(["gif"])
-    assert run_formats({"formats": ["tiff", "pdf"]}) == ("pdf", "tiff") and run_formats({}) == FORMATS
+    assert ordered_formats(["tiff", "pdf"]) == ("pdf", "tiff") and ordered_formats(None) == FORMATS
     events = dag_params.event_params()
     assert "documents" not in events and "scope" not in events
     assert {"output_uri", "reprocess", "max_document_error_rate"} <= set(events)
@@ -590,8 +581,7 @@ def test_backfill_runs_plan_only_their_own_interval_and_scheduled_runs_look_back
         run = RunTasks(params, run_type=run_type, interval=interval)
         run.plan()
         plan_id = run.xcom["plan", tasks.PLAN_ID_XCOM]
-        request = run_requests.build_request(run.ctx("publish_manifest"))
-        folder = request.run_folder(Storage(), plan_id)
+        folder = tasks.planned_run(run.ctx("publish_manifest"), plan_id).folder
         batches = folder.read_plan().batch_keys
         return sorted(Path(source.uri).name for key in batches for source in folder.read_batch(key))
 
@@ -650,12 +640,19 @@ def test_each_convert_instance_gets_a_time_limit_from_its_pages_and_the_request_
 
 
 @pytest.mark.usefixtures("vllm_conn")
-def test_convert_sets_its_own_execution_timeout_before_it_runs() -> None:
-    batch = {"plan": "p1-x", "batch": "b00000", "label": "a.pdf", "documents": 2, "pages": 130}
-    task = SimpleNamespace(op_kwargs={"batch": batch}, execution_timeout=None)
-    tasks.limit_convert_time(context({"input_uri": "/i", "output_uri": "/o"}, task=task))
+def test_convert_sets_its_own_execution_timeout_before_it_runs(tmp_path: Path) -> None:
+    from olmocr_testkit import pdfgen
+
+    pdfgen.write_pdf(tmp_path / "in" / "a.pdf", pdfgen.text_pdf(1, doc_id=1))
+    run = RunTasks({"input_uri": str(tmp_path / "in"), "output_uri": str(tmp_path / "out")})
+    (batch,) = run.plan()
+    task = SimpleNamespace(op_kwargs={"batch": batch | {"documents": 2, "pages": 130}}, execution_timeout=None)
+    ctx = run.ctx("convert") | {"task": task}
+    tasks.limit_convert_time(ctx)
     assert task.execution_timeout is not None and task.execution_timeout > timedelta(hours=2)
     assert flow.convert.kwargs["pre_execute"] is tasks.limit_convert_time
+    # The settings come from the plan, read once for the attempt: its body works from the same.
+    assert ctx[tasks.PLANNED_RUN_KEY].plan_id == batch["plan"]
 
 
 def test_plan_body_redrives_failures_of_an_earlier_interval(tmp_path: Path, standin_conn: StandinServer) -> None:

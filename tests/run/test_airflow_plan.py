@@ -100,7 +100,9 @@ def test_a_streamed_plan_publishes_every_planned_document_once(tmp_path: Path, s
     assert plan.sources == [] and plan.planned == 7
     never_reported = folder.read_batch(descriptors[1]["batch"])
     for batch in descriptors[:1] + descriptors[2:]:
-        convert_batch(request, storage, batch["batch"], folder.read_batch(batch["batch"]), folder=folder, try_number=1)
+        convert_batch(
+            request, storage, batch["batch"], folder.read_batch(batch["batch"]), plan_id=folder.plan_id, try_number=1
+        )
 
     published = publish_run(request, storage, folder, plan)
 
@@ -126,7 +128,7 @@ def test_a_plan_held_whole_still_publishes(tmp_path: Path, standin: StandinServe
     assert [len(batch) for batch in batches] == [2, 3]
     for index, batch in enumerate(batches):
         folder.write_batch(f"b{index:05d}", batch)
-    convert_batch(request, storage, "b00000", folder.read_batch("b00000"), folder=folder, try_number=1)
+    convert_batch(request, storage, "b00000", folder.read_batch("b00000"), plan_id=folder.plan_id, try_number=1)
 
     published = publish_run(request, storage, folder, folder.read_plan())
 

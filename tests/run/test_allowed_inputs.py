@@ -121,7 +121,7 @@ def test_uris_planted_in_a_batch_file_are_refused_by_the_convert_step(tmp_path: 
         source("s3://other-tenant/inbox/payroll.pdf"),
     ]
     folder.write_batch("b00000", planted)
-    result = convert_batch(request, storage, "b00000", folder.read_batch("b00000"), folder=folder)
+    result = convert_batch(request, storage, "b00000", folder.read_batch("b00000"), plan_id=folder.plan_id)
 
     outcome = {entry.source: (entry.status, entry.error_class) for entry in result.entries}
     assert outcome[str(inbox / "ok.pdf")] == ("converted", None)

@@ -300,7 +300,7 @@ def test_a_batch_that_dies_part_way_reports_what_it_converted_and_its_retry_repo
     (batch,) = plan_batches(request, storage, folder, BatchingRule(max_batches=1))
     sources = sorted(folder.read_batch(batch["batch"]), key=lambda source: source.uri)
     with pytest.raises(ServerUnavailable):
-        convert_batch(request, storage, batch["batch"], sources, folder=folder, try_number=1)
+        convert_batch(request, storage, batch["batch"], sources, plan_id=folder.plan_id, try_number=1)
     # What publishing would read now: the two documents converted before the outage, nothing of d3.
     partial = folder.latest_report(batch["batch"])
     assert partial is not None
@@ -311,7 +311,7 @@ def test_a_batch_that_dies_part_way_reports_what_it_converted_and_its_retry_repo
 
     standin.configure(always={f"3:{page}": None for page in range(1, 5)})
     # Airflow's retry of the same task.
-    summary = convert_batch(request, storage, batch["batch"], sources, folder=folder, try_number=2).summary
+    summary = convert_batch(request, storage, batch["batch"], sources, plan_id=folder.plan_id, try_number=2).summary
     published = publish_run(request, storage, folder, folder.read_plan())
     manifest = published.reader(storage)
 

@@ -20,7 +20,7 @@ import pytest
 from olmocr_tasks.core.errors import StorageError, UnreadableSourceError
 from olmocr_tasks.storage.store import TEMP_SUFFIX, ObjectInfo, ReadLimitExceeded, RetryPolicy, Storage
 from olmocr_tasks.storage.uri import is_s3, join_uri, local_path, safe_join, safe_relative_key, split_s3
-from tests.fixtures.s3 import FaultProxy
+from tests.fixtures.s3 import DUMMY_SECRET, FaultProxy
 
 # Tiny backoffs keep retry tests fast; botocore's own retries are off so request counts are exact.
 FAST = RetryPolicy(max_attempts=4, max_elapsed_s=30, initial_backoff_s=0.01, max_backoff_s=0.05, botocore_attempts=1)
@@ -240,6 +240,27 @@ def test_s3_storage_survives_pickling(s3_bucket: str, s3_storage_options: dict[s
     clone = pickle.loads(pickle.dumps(storage))
     assert clone.read_bytes(f"s3://{s3_bucket}/p") == b"1"
     assert "testing-secret-key" not in repr(storage)
+
+
+def test_options_given_as_a_function_are_asked_for_once_when_s3_is_first_reached(
+    s3_bucket: str, s3_storage_options: dict[str, Any], tmp_path: Path
+) -> None:
+    """An Airflow task's storage takes the AWS connection's options this way: a run that stays local
+    never looks the connection up, and one that reaches S3 looks it up once, batch counters included."""
+    asked: list[int] = []
+
+    def options() -> dict[str, Any]:
+        asked.append(1)
+        return s3_storage_options
+
+    storage = Storage(options)
+    storage.write_bytes_atomic(str(tmp_path / "local.txt"), b"local")
+    assert storage.read_bytes(str(tmp_path / "local.txt")) == b"local" and asked == []
+    storage.write_bytes_atomic(f"s3://{s3_bucket}/lazy", b"1")
+    assert storage.counting().read_bytes(f"s3://{s3_bucket}/lazy") == b"1"
+    assert asked == [1]
+    # Once known, the credentials are scrubbed from what the storage says, as given ones are.
+    assert DUMMY_SECRET not in repr(storage) and DUMMY_SECRET in storage.known_secrets()
 
 
 def test_s3_listing_paginates(s3_bucket: str, s3_fault_proxy: FaultProxy, s3_put_many: Any) -> None:

@@ -131,7 +131,7 @@ def test_on_s3_the_counts_match_the_requests_the_server_received(
     plan = plan_held_whole(request, storage)
     folder.write_plan(plan)
     before = _proxy_counts(s3_fault_proxy)
-    result = convert_batch(request, storage, "b00000", plan.sources, folder=folder, try_number=1)
+    result = convert_batch(request, storage, "b00000", plan.sources, plan_id=folder.plan_id, try_number=1)
     # What the batch reported in its part is exactly what the server got during the batch.
     during = {kind: count - before[kind] for kind, count in _proxy_counts(s3_fault_proxy).items()}
     part = json.loads(storage.read_bytes(result.summary["part"]))["storage_requests"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,7 +25,9 @@ class S3Backend:
     """Objects in S3 (or an S3-compatible store) through one lazily built s3fs client per process.
 
     ``storage_options`` go to s3fs (``key``, ``secret``, ``token``, ``endpoint_url``,
-    ``client_kwargs``, ``config_kwargs``...); without them s3fs uses the environment.
+    ``client_kwargs``, ``config_kwargs``...); without them s3fs uses the environment. Given as a function,
+    they are asked for once, when the client is first built: credentials are looked up (an Airflow
+    connection, a round trip to the API server) only by a storage that reaches S3.
     """
 
     retries_transient_failures = True
@@ -33,14 +36,16 @@ class S3Backend:
 
     def __init__(
         self,
-        storage_options: dict[str, Any],
+        storage_options: dict[str, Any] | Callable[[], dict[str, Any]],
         *,
         botocore_attempts: int,
         connect_timeout_s: float,
         read_timeout_s: float,
         multipart_chunksize: int,
     ) -> None:
-        self._options = dict(storage_options)
+        self._options_source = storage_options if callable(storage_options) else None
+        self._options: dict[str, Any] | None = None if callable(storage_options) else dict(storage_options)
+        self._options_lock = threading.Lock()
         self._config = {
             "retries": {"mode": "standard", "total_max_attempts": max(1, botocore_attempts)},
             "connect_timeout": connect_timeout_s,
@@ -59,12 +64,26 @@ class S3Backend:
         state = self.__dict__.copy()
         state["_fs"] = None
         state["_fs_pid"] = None
-        del state["_fs_lock"]
+        del state["_fs_lock"], state["_options_lock"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._fs_lock = threading.Lock()
+        self._options_lock = threading.Lock()
+
+    def options(self) -> dict[str, Any]:
+        """The s3fs options, asked of their function the first time they are needed."""
+        if self._options is None:
+            with self._options_lock:
+                if self._options is None:
+                    assert self._options_source is not None
+                    self._options = dict(self._options_source())
+        return self._options
+
+    def known_options(self) -> dict[str, Any]:
+        """The options as far as they are known (none before a function gave them), for redaction."""
+        return self._options or {}
 
     def read(self, uri: str) -> bytes:
         # One GET through s3fs's client; s3fs's cat_file would send a HEAD first.
@@ -164,7 +183,7 @@ class S3Backend:
     def _new_s3fs(self) -> Any:
         import fsspec
 
-        options = dict(self._options)
+        options = dict(self.options())
         config = {**self._config, **(options.pop("config_kwargs", None) or {})}
         s3fs_retries = options.pop("retries", 1)
         fs = fsspec.filesystem(
