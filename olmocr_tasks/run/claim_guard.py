@@ -81,7 +81,10 @@ class ClaimGuard:
         if self._rules is None or self._claim is None:
             return
         assert self._renewing is not None
-        self._renewing.cancel()
+        # Let go of the task: a cancelled task keeps its CancelledError, whose traceback holds the frame
+        # that holds this guard; the cycle would keep the document alive until the garbage collector runs.
+        renewing, self._renewing = self._renewing, None
+        renewing.cancel()
         # A recorded failure leaves a cool-down when the run spaces its retries; anything else
         # (converted, skipped, an outage or cancellation before an outcome) gives the claim back.
         retry_from = self._rules.retry_from if self._failed else None
