@@ -48,7 +48,14 @@ from olmocr_tasks.servers.cpu_engine import (
     CpuEngineHandle,
     create_cpu_engine,
 )
-from olmocr_tasks.servers.vllm_launcher import VllmOptions, VllmSupervisor
+from olmocr_tasks.servers.vllm_launcher import (
+    EndpointSettings,
+    ProcessSettings,
+    ServingSettings,
+    SupervisionSettings,
+    VllmOptions,
+    VllmSupervisor,
+)
 
 if TYPE_CHECKING:
     from olmocr_tasks.location.manifest_reader import ManifestReader
@@ -615,51 +622,56 @@ def _add_serve_vllm_parser(subparsers: argparse._SubParsersAction) -> None:
             "connection, restart it if it dies. Arguments after '--' go to vllm serve unchanged."
         ),
     )
-    # The launcher's own defaults (VllmOptions), not restated here.
-    defaults = VllmOptions()
-    parser.add_argument("--model", default=defaults.model, help=f"model id or path (default {defaults.model})")
+    # The launcher's own defaults (the groups of VllmOptions), not restated here.
+    serving, endpoint, process, supervision = (
+        ServingSettings(),
+        EndpointSettings(),
+        ProcessSettings(),
+        SupervisionSettings(),
+    )
+    parser.add_argument("--model", default=serving.model, help=f"model id or path (default {serving.model})")
     parser.add_argument("--served-model-name", help="name clients use (default: --model)")
-    parser.add_argument("--host", default=defaults.host, help=f"address vLLM binds (default {defaults.host})")
-    parser.add_argument("--port", type=int, default=defaults.port, help=f"port (default {defaults.port})")
+    parser.add_argument("--host", default=endpoint.host, help=f"address vLLM binds (default {endpoint.host})")
+    parser.add_argument("--port", type=int, default=endpoint.port, help=f"port (default {endpoint.port})")
     parser.add_argument(
         "--max-model-len",
         type=int,
-        default=defaults.max_model_len,
-        help=f"context length (default {defaults.max_model_len})",
+        default=serving.max_model_len,
+        help=f"context length (default {serving.max_model_len})",
     )
     parser.add_argument(
         "--gpu-memory-utilization",
         type=float,
-        default=defaults.gpu_memory_utilization,
-        help=f"fraction of GPU memory ({defaults.gpu_memory_utilization:g})",
+        default=serving.gpu_memory_utilization,
+        help=f"fraction of GPU memory ({serving.gpu_memory_utilization:g})",
     )
-    parser.add_argument("--tensor-parallel-size", type=int, default=defaults.tensor_parallel_size)
-    parser.add_argument("--data-parallel-size", type=int, default=defaults.data_parallel_size)
+    parser.add_argument("--tensor-parallel-size", type=int, default=serving.tensor_parallel_size)
+    parser.add_argument("--data-parallel-size", type=int, default=serving.data_parallel_size)
     parser.add_argument(
         "--scheduling-policy",
         choices=SCHEDULING_POLICIES,
-        default=defaults.scheduling_policy,
+        default=serving.scheduling_policy,
         help="vLLM's scheduling policy; 'priority' serves high-priority runs first and the printed "
-        f"connection says so (default {defaults.scheduling_policy})",
+        f"connection says so (default {serving.scheduling_policy})",
     )
     parser.add_argument("--api-key-env", metavar="VAR", help="require the Bearer key held in $VAR (passed to vLLM)")
     parser.add_argument(
-        "--vllm-binary", default=defaults.vllm_binary, help=f"vllm command (default: {defaults.vllm_binary} on PATH)"
+        "--vllm-binary", default=process.vllm_binary, help=f"vllm command (default: {process.vllm_binary} on PATH)"
     )
     parser.add_argument(
-        "--conn-id", default=defaults.conn_id, help=f"Airflow connection id to print ({defaults.conn_id})"
+        "--conn-id", default=endpoint.conn_id, help=f"Airflow connection id to print ({endpoint.conn_id})"
     )
     parser.add_argument(
         "--ready-timeout",
         type=float,
-        default=defaults.ready_timeout_s,
-        help=f"seconds to wait for the model ({defaults.ready_timeout_s:g})",
+        default=supervision.ready_timeout_s,
+        help=f"seconds to wait for the model ({supervision.ready_timeout_s:g})",
     )
     parser.add_argument(
         "--max-restarts",
         type=int,
-        default=defaults.max_restarts,
-        help=f"restarts after crashes before giving up ({defaults.max_restarts})",
+        default=supervision.max_restarts,
+        help=f"restarts after crashes before giving up ({supervision.max_restarts})",
     )
     parser.add_argument("vllm_args", nargs="*", metavar="-- VLLM_ARGS", help="extra arguments for vllm serve")
     parser.set_defaults(func=_serve_vllm)
@@ -668,21 +680,18 @@ def _add_serve_vllm_parser(subparsers: argparse._SubParsersAction) -> None:
 def vllm_options_from_args(args: argparse.Namespace) -> VllmOptions:
     """``serve-vllm``'s arguments as launcher options."""
     return VllmOptions(
-        model=args.model,
-        served_model_name=args.served_model_name,
-        host=args.host,
-        port=args.port,
-        max_model_len=args.max_model_len,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        tensor_parallel_size=args.tensor_parallel_size,
-        data_parallel_size=args.data_parallel_size,
-        scheduling_policy=args.scheduling_policy,
-        vllm_binary=args.vllm_binary,
-        extra_args=tuple(args.vllm_args),
-        api_key_env=args.api_key_env,
-        conn_id=args.conn_id,
-        ready_timeout_s=args.ready_timeout,
-        max_restarts=args.max_restarts,
+        serving=ServingSettings(
+            model=args.model,
+            served_model_name=args.served_model_name,
+            max_model_len=args.max_model_len,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            tensor_parallel_size=args.tensor_parallel_size,
+            data_parallel_size=args.data_parallel_size,
+            scheduling_policy=args.scheduling_policy,
+        ),
+        endpoint=EndpointSettings(host=args.host, port=args.port, api_key_env=args.api_key_env, conn_id=args.conn_id),
+        process=ProcessSettings(vllm_binary=args.vllm_binary, extra_args=tuple(args.vllm_args)),
+        supervision=SupervisionSettings(ready_timeout_s=args.ready_timeout, max_restarts=args.max_restarts),
     )
 
 

@@ -101,16 +101,45 @@ class ConcurrencySettings:
     priority: int = 0
 
 
-_GROUPS: dict[str, type] = {
-    "connection": ConnectionSettings,
-    "timeouts": TimeoutSettings,
-    "retries": RetrySettings,
-    "hedging": HedgeSettings,
-    "concurrency": ConcurrencySettings,
-}
-# Every setting's name is unique across the groups, so callers, connection extras and manifests name
-# a setting without its group.
-_GROUP_OF: dict[str, str] = {f.name: group for group, kind in _GROUPS.items() for f in dataclasses.fields(kind)}
+class SettingGroups:
+    """The groups of a settings object made of small frozen groups, such as ``ServerSettings``.
+
+    Such an object is built from groups, from single settings by name, or both (names win over their
+    group), so every setting's name is unique across its groups: callers, connection extras and
+    manifests name a setting without its group.
+    """
+
+    def __init__(self, owner: str, kinds: dict[str, type]) -> None:
+        self.owner = owner
+        self.kinds = kinds
+        self._group_of = {f.name: group for group, kind in kinds.items() for f in dataclasses.fields(kind)}
+        if len(self._group_of) != sum(len(dataclasses.fields(kind)) for kind in kinds.values()):
+            raise TypeError(f"{owner}: a setting's name is in two of its groups")
+
+    def assign(self, target: object, given: dict[str, Any], settings: dict[str, Any]) -> None:
+        """Set each group of the frozen ``target``: the one ``given`` (or its defaults), with ``settings`` in it."""
+        changes: dict[str, dict[str, Any]] = {}
+        for name, value in settings.items():
+            if name not in self._group_of:
+                raise TypeError(f"{self.owner} has no setting {name!r}")
+            changes.setdefault(self._group_of[name], {})[name] = value
+        for group, kind in self.kinds.items():
+            value = given[group] if given.get(group) is not None else kind()
+            if group in changes:
+                value = dataclasses.replace(value, **changes[group])
+            object.__setattr__(target, group, value)
+
+
+_GROUPS = SettingGroups(
+    "ServerSettings",
+    {
+        "connection": ConnectionSettings,
+        "timeouts": TimeoutSettings,
+        "retries": RetrySettings,
+        "hedging": HedgeSettings,
+        "concurrency": ConcurrencySettings,
+    },
+)
 
 
 @dataclass(frozen=True, init=False)
@@ -147,21 +176,12 @@ class ServerSettings:
             "hedging": hedging,
             "concurrency": concurrency,
         }
-        changes: dict[str, dict[str, Any]] = {}
-        for name, value in settings.items():
-            if name not in _GROUP_OF:
-                raise TypeError(f"ServerSettings has no setting {name!r}")
-            changes.setdefault(_GROUP_OF[name], {})[name] = value
-        for group, kind in _GROUPS.items():
-            value = given[group] if given[group] is not None else kind()
-            if group in changes:
-                value = dataclasses.replace(value, **changes[group])
-            object.__setattr__(self, group, value)
+        _GROUPS.assign(self, given, settings)
 
     def public_dict(self) -> dict[str, Any]:
         """The settings as they may appear in logs and manifests, by name: no secret, no credentials in URLs."""
         data: dict[str, Any] = {}
-        for group in _GROUPS:
+        for group in _GROUPS.kinds:
             data.update(dataclasses.asdict(getattr(self, group)))
         data.pop("api_key")
         data["base_urls"] = _redacted_urls(self.connection.base_urls)

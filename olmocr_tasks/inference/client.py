@@ -47,8 +47,9 @@ import httpx
 
 from olmocr_tasks.core.config import ServerSettings
 from olmocr_tasks.core.errors import ServerMisconfigured, ServerUnavailable
+from olmocr_tasks.core.gpu_busy import GpuBusy
 from olmocr_tasks.inference.backpressure import InFlightWindow, MetricsPoller
-from olmocr_tasks.inference.gpu_busy import GpuBusy, GpuBusyMeter
+from olmocr_tasks.inference.gpu_busy import GpuBusyMeter
 from olmocr_tasks.inference.guided import server_field, with_guided_decoding
 from olmocr_tasks.inference.hedger import Hedger
 from olmocr_tasks.inference.outage_watch import OutageWatch

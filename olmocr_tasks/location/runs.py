@@ -370,7 +370,8 @@ class BatchAttempt:
 
         Once it has, it carried forward what this attempt had finished and converts the rest itself:
         anything this attempt recorded from then on (a frozen attempt that came back) would change
-        what the later one did, so the conversion engine records nothing more (see ``ConversionEngine``).
+        what the later one did, so the conversion engine records nothing more (its claim guard's fence,
+        ``olmocr_tasks.run.claim_guard``).
         """
         later = self.folder.attempt(self.batch_key, self.try_number + 1)
         return self.folder.storage.exists(PlanFolder.started(later.uri))

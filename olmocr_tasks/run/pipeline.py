@@ -32,7 +32,9 @@ from olmocr_tasks.location.ledger import Ledger
 from olmocr_tasks.location.manifest import PAGE_COUNT_KEYS, STATUSES, DocumentEntry, count_entries, manifest_uri
 from olmocr_tasks.location.manifest_reader import ManifestReader
 from olmocr_tasks.location.runs import SINGLE_PLAN, RunFolder, RunPlan
-from olmocr_tasks.run.conversion import ConversionEngine
+from olmocr_tasks.run.claim_guard import ClaimRules
+from olmocr_tasks.run.conversion import ConversionEngine, Reporting
+from olmocr_tasks.run.document_job import RunScope
 from olmocr_tasks.run.planning import log_plan, stream_plan
 from olmocr_tasks.run.progress import ProgressCounters, ProgressReporter
 from olmocr_tasks.run.publishing import not_converted, publish_run
@@ -73,21 +75,22 @@ async def convert_sources(
         return ConvertedSources([], NOTHING_SENT)
     ledger = ledger or Ledger(request.output_uri, storage, request.conversion_key)
     async with ProgressReporter(len(sources), stream=progress_stream, counters=progress_counters) as progress:
-        engine = ConversionEngine(
-            request.settings,
-            storage,
-            request.output_uri,
+        scope = RunScope(
             run_id=request.run_id,
+            storage=storage,
+            output_uri=request.output_uri,
             ledger=ledger,
-            progress=progress,
-            reprocess=request.reprocess,
-            task_context=task_context,
-            on_document=on_document,
-            claims=claims,
-            superseded=superseded,
             run_time=request.run_time,
-            retry_from=request.run_time + request.retry_interval if request.retry_interval > timedelta(0) else None,
+            reprocess=request.reprocess,
             access=request.access,
+            task_context=task_context,
+        )
+        rules = None
+        if claims is not None:
+            retry_from = request.run_time + request.retry_interval if request.retry_interval > timedelta(0) else None
+            rules = ClaimRules(claims, superseded=superseded, retry_from=retry_from)
+        engine = ConversionEngine(
+            request.settings, scope, claims=rules, reporting=Reporting(progress=progress, on_document=on_document)
         )
         async with engine:
             if check_ready:

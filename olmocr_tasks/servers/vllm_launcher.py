@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from olmocr_tasks.core.config import COLD_START_TIMEOUT_S, DEFAULT_MODEL
+from olmocr_tasks.core.config import COLD_START_TIMEOUT_S, DEFAULT_MODEL, SettingGroups
 from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.inference.readiness import ModelsProbe
 
@@ -67,25 +67,48 @@ class StopRequestedError(ReadinessError):
 
 
 @dataclass(frozen=True)
-class VllmOptions:
-    """How to start and supervise vLLM. Defaults follow olmOCR 0.4.x's own launch."""
+class ServingSettings:
+    """What vLLM serves, and on how much of the GPU. Defaults follow olmOCR 0.4.x's own launch."""
 
     model: str = DEFAULT_MODEL
     # Defaults to ``model`` so the default olmocr_vllm connection (model = the HF id) works unchanged.
     served_model_name: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
     max_model_len: int = 16384
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     # vLLM's --scheduling-policy: "priority" serves runs by class (olmocr_tasks.inference.priority).
     scheduling_policy: str = "fcfs"
-    vllm_binary: str = "vllm"
-    extra_args: tuple[str, ...] = ()
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    """Where clients reach vLLM, the key they need, and the Airflow connection printed for them."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
     api_key_env: str | None = None
     conn_id: str = "olmocr_vllm"
-    # First start downloads ~9 GB of weights and compiles kernels: a cold start's bound.
+
+
+@dataclass(frozen=True)
+class ProcessSettings:
+    """The ``vllm serve`` process: the command, extra arguments, extra environment."""
+
+    vllm_binary: str = "vllm"
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class SupervisionSettings:
+    """How long readiness is waited for, and how often a dying server is restarted."""
+
+    # First start downloads ~9 GB of weights and compiles kernels, hence a generous bound.
     ready_timeout_s: float = COLD_START_TIMEOUT_S
     poll_interval_s: float = 2.0
     max_restarts: int = 5
@@ -95,17 +118,54 @@ class VllmOptions:
     # crash loops, not for a server that fails once a week.
     stable_after_s: float = 3600.0
     stop_grace_s: float = 30.0
-    env: dict[str, str] = field(default_factory=dict, repr=False)
 
-    @property
-    def model_name(self) -> str:
-        return self.served_model_name or self.model
+
+_GROUPS = SettingGroups(
+    "VllmOptions",
+    {
+        "serving": ServingSettings,
+        "endpoint": EndpointSettings,
+        "process": ProcessSettings,
+        "supervision": SupervisionSettings,
+    },
+)
+
+
+@dataclass(frozen=True, init=False)
+class VllmOptions:
+    """How to start and supervise vLLM, in four small groups (built as ``ServerSettings`` is)::
+
+    VllmOptions(endpoint=EndpointSettings(port=8123), max_restarts=2)
+    """
+
+    serving: ServingSettings
+    endpoint: EndpointSettings
+    process: ProcessSettings
+    supervision: SupervisionSettings
+
+    def __init__(
+        self,
+        *,
+        serving: ServingSettings | None = None,
+        endpoint: EndpointSettings | None = None,
+        process: ProcessSettings | None = None,
+        supervision: SupervisionSettings | None = None,
+        **settings: Any,
+    ) -> None:
+        given: dict[str, Any] = {
+            "serving": serving,
+            "endpoint": endpoint,
+            "process": process,
+            "supervision": supervision,
+        }
+        _GROUPS.assign(self, given, settings)
 
 
 def build_vllm_command(options: VllmOptions) -> list[str]:
     """The ``vllm serve`` command line (argv) for ``options``."""
+    serving, endpoint = options.serving, options.endpoint
     try:
-        binary = shlex.split(options.vllm_binary)
+        binary = shlex.split(options.process.vllm_binary)
     except ValueError as exc:
         raise ConfigurationError(f"--vllm-binary cannot be parsed: {exc}") from None
     if not binary:
@@ -115,28 +175,28 @@ def build_vllm_command(options: VllmOptions) -> list[str]:
     return [
         *binary,
         "serve",
-        options.model,
+        serving.model,
         "--served-model-name",
-        options.model_name,
+        serving.model_name,
         "--host",
-        options.host,
+        endpoint.host,
         "--port",
-        str(options.port),
+        str(endpoint.port),
         "--max-model-len",
-        str(options.max_model_len),
+        str(serving.max_model_len),
         "--limit-mm-per-prompt",
         LIMIT_MM_PER_PROMPT,
         "--gpu-memory-utilization",
-        str(options.gpu_memory_utilization),
+        str(serving.gpu_memory_utilization),
         "--tensor-parallel-size",
-        str(options.tensor_parallel_size),
+        str(serving.tensor_parallel_size),
         "--data-parallel-size",
-        str(options.data_parallel_size),
+        str(serving.data_parallel_size),
         "--uvicorn-log-level",
         "warning",
         # Only when asked: fcfs is vLLM's default, and older releases lack the flag.
-        *(["--scheduling-policy", options.scheduling_policy] if options.scheduling_policy != "fcfs" else []),
-        *options.extra_args,
+        *(["--scheduling-policy", serving.scheduling_policy] if serving.scheduling_policy != "fcfs" else []),
+        *options.process.extra_args,
     ]
 
 
@@ -150,26 +210,27 @@ def _client_host(host: str) -> str:
 
 def base_url(options: VllmOptions) -> str:
     """The OpenAI base URL clients use (``.../v1``)."""
-    host = _client_host(options.host)
-    return f"http://{f'[{host}]' if ':' in host else host}:{options.port}/v1"
+    host = _client_host(options.endpoint.host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{options.endpoint.port}/v1"
 
 
 def connection_json(options: VllmOptions) -> dict[str, Any]:
     """The Airflow connection (JSON form) for this server. Never contains the API key."""
+    serving, endpoint = options.serving, options.endpoint
     return {
         "conn_type": "olmocr_vllm",
-        "host": _client_host(options.host),
-        "port": options.port,
+        "host": _client_host(endpoint.host),
+        "port": endpoint.port,
         "schema": "http",
         # The connection tells clients the policy: with "priority" requests carry their run's class.
-        "extra": {"model": options.model_name}
-        | ({"scheduling_policy": options.scheduling_policy} if options.scheduling_policy != "fcfs" else {}),
+        "extra": {"model": serving.model_name}
+        | ({"scheduling_policy": serving.scheduling_policy} if serving.scheduling_policy != "fcfs" else {}),
     }
 
 
 def connection_env_line(options: VllmOptions) -> str:
     """``AIRFLOW_CONN_<ID>='<json>'``, ready to paste into a shell or an env file."""
-    name = "AIRFLOW_CONN_" + options.conn_id.upper().replace("-", "_")
+    name = "AIRFLOW_CONN_" + options.endpoint.conn_id.upper().replace("-", "_")
     return f"{name}={shlex.quote(json.dumps(connection_json(options)))}"
 
 
@@ -242,10 +303,11 @@ class VllmSupervisor:
                 f"vLLM is not installed ({self.command[0]!r} not found): {INSTALL_HINT}, or pass --vllm-binary"
             )
         self.api_key: str | None = None
-        if options.api_key_env:
-            self.api_key = os.environ.get(options.api_key_env) or None
+        key_env = options.endpoint.api_key_env
+        if key_env:
+            self.api_key = os.environ.get(key_env) or None
             if self.api_key is None:
-                raise ConfigurationError(f"--api-key-env {options.api_key_env}: that environment variable is not set")
+                raise ConfigurationError(f"--api-key-env {key_env}: that environment variable is not set")
         self.launches = 0
         self._stop = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -263,7 +325,7 @@ class VllmSupervisor:
                 self._forwarded = True
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        env = {**os.environ, **self.options.env}
+        env = {**os.environ, **self.options.process.env}
         env.setdefault("OMP_NUM_THREADS", "1")  # as olmOCR does; vLLM's CPU threads only compete
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key  # via the environment: argv is visible to every user
@@ -276,22 +338,23 @@ class VllmSupervisor:
         if proc.poll() is None and not self._forwarded:
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()
+        grace = self.options.supervision.stop_grace_s
         try:
-            proc.wait(self.options.stop_grace_s)
+            proc.wait(grace)
         except subprocess.TimeoutExpired:
-            logger.warning("vLLM did not stop within %gs; killing it", self.options.stop_grace_s)
+            logger.warning("vLLM did not stop within %gs; killing it", grace)
         _kill_group(proc)
         proc.wait()
 
     def _announce(self) -> None:
         options = self.options
         lines = [
-            f"vLLM is ready: {base_url(options)} serves {options.model_name!r}",
+            f"vLLM is ready: {base_url(options)} serves {options.serving.model_name!r}",
             "Configure Airflow with:",
             connection_env_line(options),
         ]
-        if options.api_key_env:
-            lines.append(f'and add "password": <the API key in ${options.api_key_env}> to it (the key is not printed)')
+        if key_env := options.endpoint.api_key_env:
+            lines.append(f'and add "password": <the API key in ${key_env}> to it (the key is not printed)')
         lines.append(f"or convert from the CLI: olmocr-tasks convert --server {base_url(options)} <input> <output>")
         print("\n".join(lines), file=self.out, flush=True)
 
@@ -300,6 +363,7 @@ class VllmSupervisor:
     def run(self) -> int:
         """Supervise until stopped (0), a configuration error (2) or too many deaths / no readiness (1)."""
         options = self.options
+        supervision = options.supervision
         restarts = 0
         announced = False
         url = base_url(options)
@@ -309,10 +373,10 @@ class VllmSupervisor:
             try:
                 wait_until_ready(
                     url,
-                    options.model_name,
+                    options.serving.model_name,
                     api_key=self.api_key,
-                    timeout_s=options.ready_timeout_s,
-                    interval_s=options.poll_interval_s,
+                    timeout_s=supervision.ready_timeout_s,
+                    interval_s=supervision.poll_interval_s,
                     is_alive=lambda proc=proc: proc.poll() is None,
                     should_stop=self._stop.is_set,
                     sleep=self._stop.wait,
@@ -341,19 +405,23 @@ class VllmSupervisor:
                 break
             returncode = proc.wait()
             _kill_group(proc)
-            if time.monotonic() - started >= options.stable_after_s:
+            if time.monotonic() - started >= supervision.stable_after_s:
                 restarts = 0
             restarts += 1
-            if restarts > options.max_restarts:
+            if restarts > supervision.max_restarts:
                 logger.error(
                     "vLLM exited with code %s; it died %d times, giving up (is the GPU free? see its log above)",
                     returncode,
                     restarts,
                 )
                 return EXIT_FAILED
-            delay = min(options.backoff_max_s, options.backoff_initial_s * 2 ** (restarts - 1))
+            delay = min(supervision.backoff_max_s, supervision.backoff_initial_s * 2 ** (restarts - 1))
             logger.warning(
-                "vLLM exited with code %s; restart %d of %d in %gs", returncode, restarts, options.max_restarts, delay
+                "vLLM exited with code %s; restart %d of %d in %gs",
+                returncode,
+                restarts,
+                supervision.max_restarts,
+                delay,
             )
             self._stop.wait(delay)
         if self._proc is not None:

@@ -138,7 +138,7 @@ def test_errors_are_recorded_without_secrets(
 ) -> None:
     """An unforeseen error's raw text goes into the manifest and the ledger redacted: the engine's known
     secrets (the API key) and anything shaped like one (a URL's password, a signed URL's signature)."""
-    from olmocr_tasks.run import conversion
+    from olmocr_tasks.run import spool
 
     inbox, out, _ = _layout(tmp_path)
     (inbox / "ok.pdf").unlink()
@@ -150,7 +150,7 @@ def test_errors_are_recorded_without_secrets(
             "https://b.s3.amazonaws.com/k?X-Amz-Signature=deadbeefcafe&X-Amz-Credential=AKIAEXAMPLE"
         )
 
-    monkeypatch.setattr(conversion.ConversionEngine, "_localise", explode)
+    monkeypatch.setattr(spool.Spool, "localise", explode)
     manifest, _ = run_conversion(_request(standin, inbox, out, "internal"), Storage())
 
     [entry] = manifest.documents

@@ -219,7 +219,7 @@ def test_restarts_are_bounded_with_backoff(fake_vllm, port, tmp_path):
     assert supervisor.launches == 3
     # Announced once, on the first readiness; valid JSON for Airflow.
     assert out.getvalue().count("AIRFLOW_CONN_OLMOCR_VLLM=") == 1
-    assert _connection_from(out.getvalue())["port"] == options.port
+    assert _connection_from(out.getvalue())["port"] == options.endpoint.port
 
 
 def test_wrong_served_model_is_a_clear_error_without_restarts(fake_vllm, port, tmp_path, caplog):
