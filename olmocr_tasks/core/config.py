@@ -200,7 +200,7 @@ class ServerSettings:
     def to_dict(self) -> dict[str, Any]:
         """The settings by group, for a record that outlives the process (a resolved run): no API key, and
         the base URLs without their credentials. Whoever reads them back adds a ``ServerAccess``."""
-        data = {group: dataclasses.asdict(getattr(self, group)) for group in _GROUPS}
+        data = {group: dataclasses.asdict(getattr(self, group)) for group in _GROUPS.kinds}
         del data["connection"]["api_key"]
         data["connection"]["base_urls"] = _redacted_urls(self.connection.base_urls)
         return data
@@ -208,8 +208,8 @@ class ServerSettings:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServerSettings:
         """``to_dict`` read back (no key: see ``with_access``); a group or setting left out keeps its default."""
-        _refuse_unknown(data, _GROUPS, "server settings")
-        return cls(**{group: _from_fields(kind, data.get(group, {})) for group, kind in _GROUPS.items()})
+        _refuse_unknown(data, _GROUPS.kinds, "server settings")
+        return cls(**{group: _from_fields(kind, data.get(group, {})) for group, kind in _GROUPS.kinds.items()})
 
 
 @dataclass(frozen=True)
