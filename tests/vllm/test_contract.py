@@ -14,11 +14,9 @@ import re
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import pytest
 from PIL import Image
 
 from olmocr_tasks.inference.vllm_metrics import (
@@ -30,64 +28,14 @@ from olmocr_tasks.inference.vllm_metrics import (
     parse_vllm_sample,
 )
 from olmocr_tasks.page.protocol import OLMOCR_FRONT_MATTER_REGEX, parse_completion
-from olmocr_tasks.testing.standin.server import StandinServer
-from tests.vllm.conftest import MAX_MODEL_LEN, MODEL_NAME, VllmServers, metrics_text, wait_for
+from olmocr_tasks.testing.cpu_vllm.server import MAX_MODEL_LEN, MODEL_NAME, metrics_text
+from tests.vllm.conftest import ContractServer, wait_for
 
 # A generation long enough to watch while it runs: the tiny model makes a few hundred tokens a second
 # on a busy machine; the stand-in is held by its latency instead.
 LONG_TOKENS = 6000
-STANDIN_HOLD_S = 120.0
 # The families backpressure, gpu_busy and the run summary read.
 READ_METRICS = {RUNNING_METRIC, WAITING_METRIC, PROMPT_TOKENS_METRIC, GENERATION_TOKENS_METRIC, SUCCESS_METRIC}
-
-
-@dataclass
-class ContractServer:
-    kind: str
-    base_url: str
-    root_url: str
-    standin: StandinServer | None = None
-
-    @contextmanager
-    def long_requests(self, standin_s: float = STANDIN_HOLD_S) -> Iterator[None]:
-        """Requests started inside the block take ``standin_s`` on the stand-in (on the real server their
-        ``min_tokens`` make them long)."""
-        if self.standin is None:
-            yield
-            return
-        self.standin.configure(latency_s=standin_s)
-        try:
-            yield
-        finally:
-            self.standin.configure(latency_s=0.0)
-
-
-def _standin(policy: str) -> StandinServer:
-    settings: dict[str, Any] = {"model": MODEL_NAME, "max_model_len": MAX_MODEL_LEN, "scheduling_policy": policy}
-    if policy == "priority":
-        settings["capacity"] = 1
-    return StandinServer(**settings).start()
-
-
-@contextmanager
-def _server(kind: str, policy: str, vllm_servers: VllmServers | None) -> Iterator[ContractServer]:
-    if kind == "standin":
-        standin = _standin(policy)
-        try:
-            yield ContractServer(kind, standin.url, standin.url.removesuffix("/v1"), standin)
-        finally:
-            standin.stop()
-        return
-    assert vllm_servers is not None
-    running = vllm_servers.serve(policy)
-    yield ContractServer(kind, running.base_url, running.root_url)
-
-
-@pytest.fixture(params=["vllm", "standin"])
-def server(request: pytest.FixtureRequest) -> Iterator[ContractServer]:
-    servers = request.getfixturevalue("vllm_servers") if request.param == "vllm" else None
-    with _server(request.param, "fcfs", servers) as contract:
-        yield contract
 
 
 def _png_base64(size: tuple[int, int] = (224, 280)) -> str:

@@ -16,8 +16,8 @@ from olmocr_tasks.inference.vllm_metrics import GENERATION_TOKENS_METRIC, PROMPT
 from olmocr_tasks.location.manifest import COST_BASIS_METRICS
 from olmocr_tasks.location.manifest_reader import load_whole
 from olmocr_tasks.testing import pdfgen
+from olmocr_tasks.testing.cpu_vllm.server import MODEL_NAME, RunningVllm, metrics_text
 from tests.fixtures.cli_process import run_cli
-from tests.vllm.conftest import MODEL_NAME, RunningVllm, metrics_text
 
 PAGES = 3
 # A cold page (image encoding, first grammar compile) takes seconds on a busy 2-core machine.

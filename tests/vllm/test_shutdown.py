@@ -11,7 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.vllm.conftest import VllmServers, wait_for
+from olmocr_tasks.testing.cpu_vllm.server import VllmServers
+from tests.vllm.conftest import wait_for
 
 
 def _vllm_processes(model_dir: Path) -> list[int]:

@@ -1,7 +1,7 @@
 """Build a tiny, randomly initialised olmOCR-shaped model, offline: ``python tiny_model.py OUTPUT_DIR``.
 
-Run by the vLLM tier with the vLLM virtualenv's Python (it needs torch, transformers and tokenizers,
-which Airflow's virtualenv does not have). The model has olmOCR-2's architecture
+Run by ``server.build_tiny_model`` with the vLLM virtualenv's Python (it needs torch, transformers and
+tokenizers, which Airflow's virtualenv does not have). The model has olmOCR-2's architecture
 (``Qwen2_5_VLForConditionalGeneration``) at ~1 M parameters: hidden size 128, 2 layers, 2 heads over
 1 KV head, head size 64 (a size vLLM's CPU attention supports); a 2-block vision tower with Qwen2-VL's
 14 px patches merged 2 by 2, so a 1,288 px page costs as many prompt tokens as with the real model.
