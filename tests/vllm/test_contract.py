@@ -48,8 +48,10 @@ def queue(server: ContractServer) -> Any:
     return parse_vllm_sample(metrics_text(server.root_url)).queue
 
 
-def page_request(text: str = "Read this page.", **fields: Any) -> dict[str, Any]:
-    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_png_base64()}"}}
+def page_request(
+    text: str = "Read this page.", image_size: tuple[int, int] = (224, 280), **fields: Any
+) -> dict[str, Any]:
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_png_base64(image_size)}"}}
     message = {"role": "user", "content": [{"type": "text", "text": text}, image]}
     return {"model": MODEL_NAME, "messages": [message], "max_tokens": 20, "temperature": 0.0} | fields
 
@@ -114,6 +116,18 @@ def test_a_prompt_longer_than_the_context_is_a_400_saying_so(server: ContractSer
     error = response.json()["error"]
     assert (error["type"], error["code"], error["param"]) == ("BadRequestError", 400, "input_tokens")
     assert f"maximum context length is {MAX_MODEL_LEN} tokens" in error["message"]
+
+
+def test_a_page_image_that_takes_the_prompt_over_the_context_is_a_400_saying_so(server: ContractServer) -> None:
+    # A 4,000 px square image is scaled to Qwen2.5-VL's 12,845,056-pixel limit: 16,384 image tokens, and
+    # the text takes the prompt over the context. vLLM counts the image in after checking the text alone
+    # and says it in other words, without a param.
+    response = post(server, page_request(image_size=(4000, 4000)))
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("BadRequestError", 400, None)
+    expected = rf"Input length \(\d+\) exceeds model's maximum context length \({MAX_MODEL_LEN}\)\."
+    assert re.fullmatch(expected, error["message"]), error["message"]
 
 
 def test_an_unknown_model_is_a_404(server: ContractServer) -> None:
