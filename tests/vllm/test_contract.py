@@ -7,6 +7,7 @@ real server) or a README statement to correct. Requests are olmOCR-shaped (one t
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -19,16 +20,19 @@ from typing import Any
 import httpx
 from PIL import Image
 
+from olmocr_tasks.core.config import ServerSettings
+from olmocr_tasks.inference.client import InferenceClient
 from olmocr_tasks.inference.vllm_metrics import (
     GENERATION_TOKENS_METRIC,
     PROMPT_TOKENS_METRIC,
     RUNNING_METRIC,
     SUCCESS_METRIC,
     WAITING_METRIC,
+    QueueSample,
     parse_vllm_sample,
 )
 from olmocr_tasks.page.protocol import OLMOCR_FRONT_MATTER_REGEX, parse_completion
-from olmocr_tasks.testing.cpu_vllm.server import MAX_MODEL_LEN, MODEL_NAME, metrics_text
+from olmocr_tasks.testing.cpu_vllm.server import MAX_MODEL_LEN, MODEL_NAME, metric_total, metrics_text
 from tests.vllm.conftest import ContractServer, wait_for
 
 # A generation long enough to watch while it runs: the tiny model makes a few hundred tokens a second
@@ -188,3 +192,46 @@ def test_a_client_that_disconnects_frees_its_place(server: ContractServer) -> No
     ):
         wait_for(lambda: queue(server).running == 1)
     wait_for(lambda: queue(server).running == 0, timeout_s=30)
+
+
+# -- through our client ----------------------------------------------------------------------------
+
+# How long the stand-in holds the slow request and its hedges: past the 1-s and 2-s moments at which
+# the client hedges it (the cold-start rule after one fast answer, never sooner than hedge_min_delay_s).
+HEDGED_HOLD_S = 5.0
+# The real server's slow request: ~15 s of generation at the ~100 tokens/s the tiny model made beside
+# other work, against a hedge due at 6 x a 2-token answer (well under a second; the ratio holds on a
+# loaded machine, where both slow down alike).
+HEDGED_TOKENS = 1500
+
+
+def test_a_hedged_requests_loser_is_aborted_at_the_server(server: ContractServer) -> None:
+    """Our client (hedging at its defaults) hedges a request that outlasts the answer before it, takes
+    the first answer and cancels the other copies; the server aborts them (vLLM on the client's
+    disconnect). While the page is outstanding the server runs it and a hedge side by side; once it is
+    answered the server holds nothing, and its success counter grew by the two answers alone, so no
+    cancelled copy ran on to its end."""
+    settings = ServerSettings(base_urls=(server.base_url,), model=MODEL_NAME)
+    quick = json.dumps(page_request(max_tokens=2, min_tokens=2)).encode()
+    slow = json.dumps(page_request(max_tokens=HEDGED_TOKENS, min_tokens=HEDGED_TOKENS)).encode()
+    finished_before = metric_total(metrics_text(server.root_url), SUCCESS_METRIC)
+
+    async def scenario() -> tuple[dict[str, Any], Any, float]:
+        most_running = 0.0
+        async with InferenceClient(settings) as client, httpx.AsyncClient(timeout=10) as http:
+            # One answer timed: the cold-start rule then hedges at 2 x hedge_multiple x its time.
+            await client.complete(quick)
+            with server.long_requests(HEDGED_HOLD_S):
+                page = asyncio.ensure_future(client.complete(slow))
+                while not page.done():
+                    reading = await http.get(server.root_url + "/metrics")
+                    most_running = max(most_running, parse_vllm_sample(reading.text).queue.running)
+                    await asyncio.wait({page}, timeout=0.2)
+            return page.result(), client.stats(), most_running
+
+    answer, stats, most_running = asyncio.run(scenario())
+    assert answer["usage"]["completion_tokens"] > 0
+    assert stats.hedged >= 1 and stats.outcomes == {"ok": 2} and stats.retries == 0
+    assert most_running >= 2
+    wait_for(lambda: queue(server) == QueueSample(running=0, waiting=0), timeout_s=30)
+    assert metric_total(metrics_text(server.root_url), SUCCESS_METRIC) - finished_before == 2
