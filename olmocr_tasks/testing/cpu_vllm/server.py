@@ -14,9 +14,11 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -128,7 +130,9 @@ class VllmServers:
             "VLLM_CACHE_ROOT": str(self.work / "vllm-cache"),
             "HF_HOME": str(self.work / "hf-home"),
         }
-        handle = log.open("wb")
+        # Every writer appends (O_APPEND): the launcher's stderr and the copies of its stdout below.
+        log.write_bytes(b"")
+        handle = log.open("ab")
         launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=handle, env=env)
         running = RunningVllm(launcher, port, policy, log)
         try:
@@ -136,6 +140,8 @@ class VllmServers:
         except BaseException:
             self._stop(running)
             raise
+        # vLLM logs to the stdout it shares with the launcher: read on, or a full pipe would block it.
+        threading.Thread(target=_copy_lines, args=(launcher.stdout, log), daemon=True).start()
         return running
 
     def stop(self) -> int | None:
@@ -158,22 +164,32 @@ class VllmServers:
 
 
 def _wait_for_announcement(launcher: subprocess.Popen[bytes], log: Path) -> None:
-    """Read the launcher's stdout until it prints that vLLM is ready (it waited for ``/v1/models``)."""
+    """Read the launcher's stdout (vLLM's too, copied to ``log``) until it prints that vLLM is ready (it
+    waited for ``/v1/models``)."""
     assert launcher.stdout is not None
     selector = selectors.DefaultSelector()
     selector.register(launcher.stdout, selectors.EVENT_READ)
     deadline = time.monotonic() + READY_TIMEOUT_S + 30
     seen = b""
-    while time.monotonic() < deadline:
-        if selector.select(timeout=1.0):
-            line = launcher.stdout.readline()
-            seen += line
-            if line.startswith(b"vLLM is ready"):
-                return
-            if not line and launcher.poll() is not None:
-                break
+    with log.open("ab") as copy:
+        while time.monotonic() < deadline:
+            if selector.select(timeout=1.0):
+                line = launcher.stdout.readline()
+                seen += line
+                copy.write(line)
+                if line.startswith(b"vLLM is ready"):
+                    return
+                if not line and launcher.poll() is not None:
+                    break
     tail = log.read_text(errors="replace")[-3000:]
     raise RuntimeError(f"serve-vllm did not announce a ready vLLM (exit {launcher.poll()}): {seen!r}\n{tail}")
+
+
+def _copy_lines(stream: IO[bytes], log: Path) -> None:
+    with log.open("ab") as copy:
+        for line in iter(stream.readline, b""):
+            copy.write(line)
+            copy.flush()
 
 
 def metrics_text(root_url: str) -> str:
