@@ -39,7 +39,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RECORDS_DIR, RESULTS_DIR, Row, code_version, fresh_dir
+from bench.common import RECORDS_DIR, REPO_ROOT, RESULTS_DIR, Row, code_version, fresh_dir
 from bench.corpus import Corpus, CorpusSpec, mixed_corpus, single_document
 from bench.floor import measure_floor
 from bench.run_all import _machine
@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     record["load_average_end"] = [round(value, 2) for value in os.getloadavg()]
     RECORDS_DIR.mkdir(exist_ok=True)
     path = RECORDS_DIR / f"real_vllm-{stamp}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    # Committed with the code: the checkout's own path (process command lines, olmOCR's log) as <repo>.
+    path.write_text(json.dumps(record, indent=1).replace(str(REPO_ROOT), "<repo>") + "\n")
     (work / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     print("| system | pages/s | requests/page | ok | note |\n|---|---|---|---|---|")
     for row in record["systems"]:
