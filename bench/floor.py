@@ -5,8 +5,9 @@
 ``pipeline``  the bare throughput reference: pypdfium2 rendering in a process pool with one process
               per core, and an asyncio httpx loop posting olmOCR's page query to the server. No
               retries, no outputs, no ledger: what a minimal script could reach on this machine.
+              ``--guided`` adds guided decoding as vLLM >= 0.12 reads it (``structured_outputs``).
 
-Run by the harness as ``python -m bench.floor MODE --result FILE [--server URL] PDF...``.
+Run by the harness as ``python -m bench.floor MODE --result FILE [--server URL] [--model NAME] [--guided] PDF...``.
 """
 
 from __future__ import annotations
@@ -78,10 +79,13 @@ def _page_counts(paths: list[str]) -> list[int]:
     return counts
 
 
-async def pipeline(paths: list[str], server: str, in_flight: int = 64) -> int:
+async def pipeline(paths: list[str], server: str, model: str = MODEL, guided: bool = False, in_flight: int = 64) -> int:
     import httpx
 
+    from olmocr_tasks.page.protocol import OLMOCR_FRONT_MATTER_REGEX
     from olmocr_testkit.page_query import build_page_query
+
+    constraint = {"structured_outputs": {"regex": OLMOCR_FRONT_MATTER_REGEX}} if guided else {}
 
     workers = len(os.sched_getaffinity(0))
     loop = asyncio.get_running_loop()
@@ -96,7 +100,7 @@ async def pipeline(paths: list[str], server: str, in_flight: int = 64) -> int:
                 async with renders:
                     b64 = await loop.run_in_executor(pool, _render_b64, path, index)
                 async with requests:
-                    body = json.dumps(build_page_query(MODEL, b64.decode("ascii"), 0.1))
+                    body = json.dumps(build_page_query(model, b64.decode("ascii"), 0.1) | constraint)
                     response = await client.post(
                         server + "/chat/completions", content=body, headers={"Content-Type": "application/json"}
                     )
@@ -117,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("mode", choices=["render", "pipeline"])
     parser.add_argument("--result", required=True)
     parser.add_argument("--server")
+    parser.add_argument("--model", default=MODEL)
+    parser.add_argument("--guided", action="store_true")
     parser.add_argument("paths", nargs="+")
     args = parser.parse_args(argv)
     # Imports are paid before the clock starts (the harness's process measurement still counts them).
@@ -125,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     import olmocr_tasks.page.render_pool  # noqa: F401
 
     cpu, wall = time.process_time(), time.perf_counter()
-    pages = render_loop(args.paths) if args.mode == "render" else asyncio.run(pipeline(args.paths, args.server))
+    if args.mode == "render":
+        pages = render_loop(args.paths)
+    else:
+        pages = asyncio.run(pipeline(args.paths, args.server, args.model, args.guided))
     # The loop's own cost, without interpreter start-up and imports (process CPU only: the
     # pipeline's workers are counted by the harness, not here).
     result = {"pages": pages, "loop_cpu_s": time.process_time() - cpu, "loop_wall_s": time.perf_counter() - wall}
@@ -136,12 +145,21 @@ def main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------------------- harness side
 
 
-def measure_floor(mode: str, corpus: Corpus, work: Path, regime: str, server: str | None = None) -> Row:
+def measure_floor(
+    mode: str,
+    corpus: Corpus,
+    work: Path,
+    regime: str,
+    server: str | None = None,
+    *,
+    model: str = MODEL,
+    guided: bool = False,
+) -> Row:
     result_path = work / f"floor-{mode}-{regime}.json"
     result_path.unlink(missing_ok=True)
     command = [sys.executable, "-m", "bench.floor", mode, "--result", str(result_path)]
     if server:
-        command += ["--server", server]
+        command += ["--server", server, "--model", model, *(["--guided"] if guided else [])]
     command += [str(path) for path in corpus.paths()]
     system = "floor: render+encode loop" if mode == "render" else "floor: pypdfium2+httpx pipeline"
     measurement = run_measured(

@@ -38,12 +38,13 @@ def measure_cli(
     *,
     system: str = "ours: CLI",
     extra_args: list[str] | None = None,
+    model: str = MODEL,
 ) -> Row:
     slug = f"cli-{regime}-{corpus.folder.name}"
     output = fresh_dir(work / slug)
     command = [
         str(VENV_BIN / "olmocr-tasks"), "--log-level", "WARNING", "convert", str(corpus.folder), str(output),
-        "--server", server, "--model", MODEL, "--run-id", slug, *(extra_args or []),
+        "--server", server, "--model", model, "--run-id", slug, *(extra_args or []),
     ]  # fmt: skip
     log = work / f"{slug}.log"
     measurement = run_measured(command, label=f"{system} / {regime}", env=subprocess_env(), log_path=log)

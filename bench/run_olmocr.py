@@ -123,7 +123,16 @@ def read_results(workspace: Path) -> dict[str, Any]:
     return {"documents": documents, "pages": pages, "fallback_pages": fallback}
 
 
-def measure_olmocr(corpus: Corpus, server: str, work: Path, regime: str, setting: str = "default") -> Row:
+def measure_olmocr(
+    corpus: Corpus,
+    server: str,
+    work: Path,
+    regime: str,
+    setting: str = "default",
+    *,
+    model: str = MODEL,
+    extra_flags: tuple[str, ...] = (),
+) -> Row:
     system = f"olmOCR {OLMOCR_VERSION} ({setting})"
     slug = f"olmocr-{setting}-{regime}"
     workspace = fresh_dir(work / slug)
@@ -131,12 +140,12 @@ def measure_olmocr(corpus: Corpus, server: str, work: Path, regime: str, setting
     pdf_list.write_text("".join(f"{path}\n" for path in corpus.paths()))
     command = [
         str(olmocr_python()), "-m", "olmocr.pipeline", str(workspace), "--pdfs", str(pdf_list),
-        "--server", server, "--model", MODEL, "--markdown", *SETTINGS[setting].flags,
+        "--server", server, "--model", model, "--markdown", *SETTINGS[setting].flags, *extra_flags,
     ]  # fmt: skip
     env = olmocr_env(SETTINGS[setting].env)
     measurement = run_measured(command, label=f"{system} / {regime}", env=env, log_path=work / f"{slug}.log")
     found = read_results(workspace)
     ok = measurement.returncode == 0 and found["pages"] == corpus.pages and found["fallback_pages"] == 0
     note = "" if ok else f"exit {measurement.returncode}, {found}; see {slug}.log"
-    found["flags"], found["env"] = list(SETTINGS[setting].flags), SETTINGS[setting].env
+    found["flags"], found["env"] = [*SETTINGS[setting].flags, *extra_flags], SETTINGS[setting].env
     return Row(system, regime, corpus.pages, measurement, ok, note, found)

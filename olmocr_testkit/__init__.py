@@ -1,6 +1,7 @@
 """Dev support for this checkout: what the tests, ``make up-cluster``, ``bench/`` and ``scripts/`` share.
 
     standin/      the vLLM stand-in server (``python -m olmocr_testkit.standin``)
+    cpu_vllm/     the real vLLM (CPU build) serving a tiny random model: the vllm tier's and the bench's
     pdfgen        generated PDFs whose pages carry an identity marker (``page_marker``)
     page_query    olmOCR's page request as a dict, for requests built by hand
     ports         free, reserved and refusing loopback ports

@@ -63,8 +63,10 @@ OUTAGE_MODES = ("refuse", "stall")
 CHAT_PATH = "/v1/chat/completions"
 DATA_URL_PREFIX = "data:image/png;base64,"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# Qwen2.5-VL turns each 28x28 pixel patch into one visual token.
+# Qwen2.5-VL turns each 28x28 pixel patch into one visual token, after its image processor scaled a
+# larger image down to this many pixels (its preprocessor_config's max_pixels, which olmOCR's model keeps).
 PIXELS_PER_TOKEN = 28 * 28
+MAX_IMAGE_PIXELS = 12_845_056
 PROMPT_TEXT_TOKENS = 150
 # Prompt text beyond olmOCR's own costs a token per this many characters (English in a BPE tokenizer).
 CHARS_PER_TOKEN = 4
@@ -707,17 +709,23 @@ class VllmStandin:
             else:
                 width, height = _png_size_from_base64(b64)
             record["image_size"] = [width, height]
-            longer_text = max(0, text_chars - len(PROMPT_V4)) // CHARS_PER_TOKEN
-            prompt_tokens = width * height // PIXELS_PER_TOKEN + PROMPT_TEXT_TOKENS + longer_text
+            text_tokens = PROMPT_TEXT_TOKENS + max(0, text_chars - len(PROMPT_V4)) // CHARS_PER_TOKEN
+            prompt_tokens = text_tokens + min(width * height, MAX_IMAGE_PIXELS) // PIXELS_PER_TOKEN
             # As vLLM 0.32: only a prompt over the context is refused; max_tokens is capped to what is left.
-            if prompt_tokens > config.max_model_len:
+            # The text is checked before the image's tokens are counted in, each with its own message.
+            if text_tokens > config.max_model_len:
                 raise _BadRequest(
                     400,
                     f"This model's maximum context length is {config.max_model_len} tokens. However, your "
-                    f"prompt contains at least {prompt_tokens} input tokens, which exceeds this limit even "
+                    f"prompt contains at least {text_tokens} input tokens, which exceeds this limit even "
                     "without any output tokens. Please reduce the length of the input prompt. "
-                    f"(parameter=input_tokens, value={prompt_tokens})",
+                    f"(parameter=input_tokens, value={text_tokens})",
                     param="input_tokens",
+                )
+            if prompt_tokens > config.max_model_len:
+                raise _BadRequest(
+                    400,
+                    f"Input length ({prompt_tokens}) exceeds model's maximum context length ({config.max_model_len}).",
                 )
             max_tokens = min(max_tokens, config.max_model_len - prompt_tokens)
         except _BadRequest as exc:

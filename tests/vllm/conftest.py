@@ -1,177 +1,57 @@
 """The vllm tier: vLLM's CPU build serving a tiny olmOCR-shaped model, started through ``olmocr-tasks serve-vllm``.
 
-The tier installs vLLM into a virtualenv of its own (``environment``; cached, first install several
-minutes), builds the model there (``tiny_model``, offline, seconds) and runs the real ``vllm`` command
-under our launcher, so the launcher's command line, readiness wait and signal handling meet the real
-binary. One server runs at a time (~3 GiB): ``vllm_servers.serve(policy)`` keeps the running one when it
-has the asked scheduling policy and otherwise stops it and starts another. Every socket stays on the
-loopback interface. ``make test`` runs the tier in a pytest process of its own, after the rest.
+The tier installs vLLM into a virtualenv of its own (``olmocr_testkit.cpu_vllm.environment``;
+cached, first install several minutes), builds the model there (``tiny_model``, offline, seconds) and
+runs the real ``vllm`` command under our launcher (``cpu_vllm.server``), so the launcher's command
+line, readiness wait and signal handling meet the real binary. One server runs at a time (~3 GiB):
+``vllm_servers.serve(policy)`` keeps the running one when it has the asked scheduling policy and
+otherwise stops it and starts another. Every socket stays on the loopback interface. ``make test``
+runs the tier in a pytest process of its own, after the rest.
+
+``server`` runs a test twice: against the real server (fcfs) and against the stand-in
+(``olmocr_testkit.standin``) configured alike; a difference is a stand-in bug or a README
+statement to correct.
 """
 
 from __future__ import annotations
 
-import os
-import selectors
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import httpx
 import pytest
 
-from olmocr_testkit.ports import free_port
-from tests.vllm import environment
+from olmocr_testkit.cpu_vllm import environment
+from olmocr_testkit.cpu_vllm.server import (
+    MAX_MODEL_LEN,
+    MODEL_NAME,
+    READY_TIMEOUT_S,
+    RunningVllm,
+    VllmServers,
+    build_tiny_model,
+)
+from olmocr_testkit.standin.server import StandinServer
 
 TIER_DIR = Path(__file__).resolve().parent
-MODEL_NAME = "olmocr-tiny-random"
-MAX_MODEL_LEN = 16384
-# Cold start on a busy 2-core machine: ~40 s alone, minutes while the rest of the suite runs.
-READY_TIMEOUT_S = 600.0
-# What the CPU build needs on a small shared machine, and loopback for its internal sockets too.
-VLLM_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    "VLLM_HOST_IP": "127.0.0.1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-}
+# A test may be the one that starts a server (up to READY_TIMEOUT_S on a loaded machine, where a start
+# took over 300 s beside the rest of the suite), then does its own work.
+TIER_TEST_TIMEOUT_S = READY_TIMEOUT_S + 300
+# How long the stand-in holds a request that should outlast what a test watches (the real server's
+# requests are made long by their min_tokens instead).
+STANDIN_HOLD_S = 120.0
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if TIER_DIR in item.path.parents and not item.get_closest_marker("vllm"):
+        if TIER_DIR not in item.path.parents:
+            continue
+        if not item.get_closest_marker("vllm"):
             item.add_marker(pytest.mark.vllm)
-
-
-@dataclass
-class RunningVllm:
-    """One real vLLM under ``olmocr-tasks serve-vllm``: where it answers and how it was started."""
-
-    launcher: subprocess.Popen[bytes]
-    port: int
-    policy: str
-    log: Path
-
-    @property
-    def root_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return self.root_url + "/v1"
-
-    model = MODEL_NAME
-    max_model_len = MAX_MODEL_LEN
-
-
-class VllmServers:
-    """Starts the real server on demand, one at a time, and stops it through the launcher (SIGTERM)."""
-
-    def __init__(self, venv: Path, model_dir: Path, work: Path) -> None:
-        self.venv, self.model_dir, self.work = venv, model_dir, work
-        self.current: RunningVllm | None = None
-        self.starts = 0
-
-    def serve(self, policy: str = "fcfs") -> RunningVllm:
-        if self.current is not None and self.current.policy == policy and self.current.launcher.poll() is None:
-            return self.current
-        self.stop()
-        self.current = self._start(policy)
-        return self.current
-
-    def _start(self, policy: str) -> RunningVllm:
-        port = free_port()
-        self.starts += 1
-        log = self.work / f"serve-vllm-{self.starts}-{policy}.log"
-        # Under priority scheduling one sequence at a time makes the waiting queue's order observable.
-        engine_args = [
-            "--dtype",
-            "bfloat16",
-            "--enforce-eager",
-            *(["--max-num-seqs", "1"] if policy == "priority" else []),
-        ]
-        command = [
-            str(Path(sys.executable).with_name("olmocr-tasks")),
-            "serve-vllm",
-            "--model",
-            str(self.model_dir),
-            "--served-model-name",
-            MODEL_NAME,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--max-model-len",
-            str(MAX_MODEL_LEN),
-            "--scheduling-policy",
-            policy,
-            "--vllm-binary",
-            str(self.venv / "bin" / "vllm"),
-            "--ready-timeout",
-            str(READY_TIMEOUT_S),
-            "--max-restarts",
-            "1",
-            "--",
-            *engine_args,
-        ]
-        env = {
-            **os.environ,
-            **VLLM_ENV,
-            "VLLM_CACHE_ROOT": str(self.work / "vllm-cache"),
-            "HF_HOME": str(self.work / "hf-home"),
-        }
-        handle = log.open("wb")
-        launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=handle, env=env)
-        running = RunningVllm(launcher, port, policy, log)
-        try:
-            _wait_for_announcement(launcher, log)
-        except BaseException:
-            self._stop(running)
-            raise
-        return running
-
-    def stop(self) -> int | None:
-        """Stop the running server through its launcher; the launcher's exit code (None: none ran)."""
-        if self.current is None:
-            return None
-        code = self._stop(self.current)
-        self.current = None
-        return code
-
-    @staticmethod
-    def _stop(running: RunningVllm) -> int:
-        if running.launcher.poll() is None:
-            running.launcher.send_signal(signal.SIGTERM)
-        try:
-            return running.launcher.wait(120)
-        except subprocess.TimeoutExpired:
-            running.launcher.kill()
-            return running.launcher.wait()
-
-
-def _wait_for_announcement(launcher: subprocess.Popen[bytes], log: Path) -> None:
-    """Read the launcher's stdout until it prints that vLLM is ready (it waited for ``/v1/models``)."""
-    assert launcher.stdout is not None
-    selector = selectors.DefaultSelector()
-    selector.register(launcher.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + READY_TIMEOUT_S + 30
-    seen = b""
-    while time.monotonic() < deadline:
-        if selector.select(timeout=1.0):
-            line = launcher.stdout.readline()
-            seen += line
-            if line.startswith(b"vLLM is ready"):
-                return
-            if not line and launcher.poll() is not None:
-                break
-    tail = log.read_text(errors="replace")[-3000:]
-    raise RuntimeError(f"serve-vllm did not announce a ready vLLM (exit {launcher.poll()}): {seen!r}\n{tail}")
+        if not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(TIER_TEST_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")
@@ -182,13 +62,7 @@ def vllm_venv() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(vllm_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random olmOCR-shaped model, built now (no download) by the vLLM virtualenv's Python."""
-    output = tmp_path_factory.mktemp("tiny-model")
-    subprocess.run(
-        [str(environment.python_of(vllm_venv)), str(TIER_DIR / "tiny_model.py"), str(output)],
-        check=True,
-        env={**os.environ, **VLLM_ENV},
-    )
-    return output
+    return build_tiny_model(vllm_venv, tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture(scope="session")
@@ -206,6 +80,62 @@ def real_vllm(vllm_servers: VllmServers) -> RunningVllm:
     return vllm_servers.serve("fcfs")
 
 
+@dataclass
+class ContractServer:
+    """The real server or the stand-in, as a test of both sees it."""
+
+    kind: str
+    base_url: str
+    root_url: str
+    standin: StandinServer | None = None
+
+    @property
+    def model(self) -> str:
+        return MODEL_NAME
+
+    @contextmanager
+    def long_requests(self, standin_s: float = STANDIN_HOLD_S) -> Iterator[None]:
+        """Requests started inside the block take ``standin_s`` on the stand-in (on the real server their
+        ``min_tokens`` make them long)."""
+        if self.standin is None:
+            yield
+            return
+        self.standin.configure(latency_s=standin_s)
+        try:
+            yield
+        finally:
+            self.standin.configure(latency_s=0.0)
+
+
+def _standin(policy: str) -> StandinServer:
+    settings: dict[str, Any] = {"model": MODEL_NAME, "max_model_len": MAX_MODEL_LEN, "scheduling_policy": policy}
+    if policy == "priority":
+        settings["capacity"] = 1
+    return StandinServer(**settings).start()
+
+
+@contextmanager
+def contract_server(kind: str, policy: str, vllm_servers: VllmServers | None) -> Iterator[ContractServer]:
+    """The real server under ``policy`` (``kind`` "vllm") or a stand-in started with it ("standin")."""
+    if kind == "standin":
+        standin = _standin(policy)
+        try:
+            yield ContractServer(kind, standin.url, standin.url.removesuffix("/v1"), standin)
+        finally:
+            standin.stop()
+        return
+    assert vllm_servers is not None
+    running = vllm_servers.serve(policy)
+    yield ContractServer(kind, running.base_url, running.root_url)
+
+
+@pytest.fixture(params=["vllm", "standin"])
+def server(request: pytest.FixtureRequest) -> Iterator[ContractServer]:
+    servers = request.getfixturevalue("vllm_servers") if request.param == "vllm" else None
+    with contract_server(request.param, "fcfs", servers) as contract:
+        yield contract
+
+
 def wait_for(predicate: object, timeout_s: float = 60.0, interval_s: float = 0.2) -> None:
     """Poll ``predicate`` until it holds; fail with its last value otherwise."""
     deadline = time.monotonic() + timeout_s
@@ -215,7 +145,3 @@ def wait_for(predicate: object, timeout_s: float = 60.0, interval_s: float = 0.2
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout_s:g} s")
         time.sleep(interval_s)
-
-
-def metrics_text(root_url: str) -> str:
-    return httpx.get(root_url + "/metrics", timeout=10).text

@@ -7,6 +7,7 @@ real server) or a README statement to correct. Requests are olmOCR-shaped (one t
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -14,80 +15,31 @@ import re
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import pytest
 from PIL import Image
 
+from olmocr_tasks.core.config import ServerSettings
+from olmocr_tasks.inference.client import InferenceClient
 from olmocr_tasks.inference.vllm_metrics import (
     GENERATION_TOKENS_METRIC,
     PROMPT_TOKENS_METRIC,
     RUNNING_METRIC,
     SUCCESS_METRIC,
     WAITING_METRIC,
+    QueueSample,
     parse_vllm_sample,
 )
 from olmocr_tasks.page.protocol import OLMOCR_FRONT_MATTER_REGEX, parse_completion
-from olmocr_testkit.standin.server import StandinServer
-from tests.vllm.conftest import MAX_MODEL_LEN, MODEL_NAME, VllmServers, metrics_text, wait_for
+from olmocr_testkit.cpu_vllm.server import MAX_MODEL_LEN, MODEL_NAME, metric_total, metrics_text
+from tests.vllm.conftest import ContractServer, wait_for
 
 # A generation long enough to watch while it runs: the tiny model makes a few hundred tokens a second
 # on a busy machine; the stand-in is held by its latency instead.
 LONG_TOKENS = 6000
-STANDIN_HOLD_S = 120.0
 # The families backpressure, gpu_busy and the run summary read.
 READ_METRICS = {RUNNING_METRIC, WAITING_METRIC, PROMPT_TOKENS_METRIC, GENERATION_TOKENS_METRIC, SUCCESS_METRIC}
-
-
-@dataclass
-class ContractServer:
-    kind: str
-    base_url: str
-    root_url: str
-    standin: StandinServer | None = None
-
-    @contextmanager
-    def long_requests(self, standin_s: float = STANDIN_HOLD_S) -> Iterator[None]:
-        """Requests started inside the block take ``standin_s`` on the stand-in (on the real server their
-        ``min_tokens`` make them long)."""
-        if self.standin is None:
-            yield
-            return
-        self.standin.configure(latency_s=standin_s)
-        try:
-            yield
-        finally:
-            self.standin.configure(latency_s=0.0)
-
-
-def _standin(policy: str) -> StandinServer:
-    settings: dict[str, Any] = {"model": MODEL_NAME, "max_model_len": MAX_MODEL_LEN, "scheduling_policy": policy}
-    if policy == "priority":
-        settings["capacity"] = 1
-    return StandinServer(**settings).start()
-
-
-@contextmanager
-def _server(kind: str, policy: str, vllm_servers: VllmServers | None) -> Iterator[ContractServer]:
-    if kind == "standin":
-        standin = _standin(policy)
-        try:
-            yield ContractServer(kind, standin.url, standin.url.removesuffix("/v1"), standin)
-        finally:
-            standin.stop()
-        return
-    assert vllm_servers is not None
-    running = vllm_servers.serve(policy)
-    yield ContractServer(kind, running.base_url, running.root_url)
-
-
-@pytest.fixture(params=["vllm", "standin"])
-def server(request: pytest.FixtureRequest) -> Iterator[ContractServer]:
-    servers = request.getfixturevalue("vllm_servers") if request.param == "vllm" else None
-    with _server(request.param, "fcfs", servers) as contract:
-        yield contract
 
 
 def _png_base64(size: tuple[int, int] = (224, 280)) -> str:
@@ -100,8 +52,10 @@ def queue(server: ContractServer) -> Any:
     return parse_vllm_sample(metrics_text(server.root_url)).queue
 
 
-def page_request(text: str = "Read this page.", **fields: Any) -> dict[str, Any]:
-    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_png_base64()}"}}
+def page_request(
+    text: str = "Read this page.", image_size: tuple[int, int] = (224, 280), **fields: Any
+) -> dict[str, Any]:
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_png_base64(image_size)}"}}
     message = {"role": "user", "content": [{"type": "text", "text": text}, image]}
     return {"model": MODEL_NAME, "messages": [message], "max_tokens": 20, "temperature": 0.0} | fields
 
@@ -168,6 +122,18 @@ def test_a_prompt_longer_than_the_context_is_a_400_saying_so(server: ContractSer
     assert f"maximum context length is {MAX_MODEL_LEN} tokens" in error["message"]
 
 
+def test_a_page_image_that_takes_the_prompt_over_the_context_is_a_400_saying_so(server: ContractServer) -> None:
+    # A 4,000 px square image is scaled to Qwen2.5-VL's 12,845,056-pixel limit: 16,384 image tokens, and
+    # the text takes the prompt over the context. vLLM counts the image in after checking the text alone
+    # and says it in other words, without a param.
+    response = post(server, page_request(image_size=(4000, 4000)))
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("BadRequestError", 400, None)
+    expected = rf"Input length \(\d+\) exceeds model's maximum context length \({MAX_MODEL_LEN}\)\."
+    assert re.fullmatch(expected, error["message"]), error["message"]
+
+
 def test_an_unknown_model_is_a_404(server: ContractServer) -> None:
     response = post(server, page_request(model="no-such-model"))
     assert response.status_code == 404
@@ -226,3 +192,46 @@ def test_a_client_that_disconnects_frees_its_place(server: ContractServer) -> No
     ):
         wait_for(lambda: queue(server).running == 1)
     wait_for(lambda: queue(server).running == 0, timeout_s=30)
+
+
+# -- through our client ----------------------------------------------------------------------------
+
+# How long the stand-in holds the slow request and its hedges: past the 1-s and 2-s moments at which
+# the client hedges it (the cold-start rule after one fast answer, never sooner than hedge_min_delay_s).
+HEDGED_HOLD_S = 5.0
+# The real server's slow request: ~15 s of generation at the ~100 tokens/s the tiny model made beside
+# other work, against a hedge due at 6 x a 2-token answer (well under a second; the ratio holds on a
+# loaded machine, where both slow down alike).
+HEDGED_TOKENS = 1500
+
+
+def test_a_hedged_requests_loser_is_aborted_at_the_server(server: ContractServer) -> None:
+    """Our client (hedging at its defaults) hedges a request that outlasts the answer before it, takes
+    the first answer and cancels the other copies; the server aborts them (vLLM on the client's
+    disconnect). While the page is outstanding the server runs it and a hedge side by side; once it is
+    answered the server holds nothing, and its success counter grew by the two answers alone, so no
+    cancelled copy ran on to its end."""
+    settings = ServerSettings(base_urls=(server.base_url,), model=MODEL_NAME)
+    quick = json.dumps(page_request(max_tokens=2, min_tokens=2)).encode()
+    slow = json.dumps(page_request(max_tokens=HEDGED_TOKENS, min_tokens=HEDGED_TOKENS)).encode()
+    finished_before = metric_total(metrics_text(server.root_url), SUCCESS_METRIC)
+
+    async def scenario() -> tuple[dict[str, Any], Any, float]:
+        most_running = 0.0
+        async with InferenceClient(settings) as client, httpx.AsyncClient(timeout=10) as http:
+            # One answer timed: the cold-start rule then hedges at 2 x hedge_multiple x its time.
+            await client.complete(quick)
+            with server.long_requests(HEDGED_HOLD_S):
+                page = asyncio.ensure_future(client.complete(slow))
+                while not page.done():
+                    reading = await http.get(server.root_url + "/metrics")
+                    most_running = max(most_running, parse_vllm_sample(reading.text).queue.running)
+                    await asyncio.wait({page}, timeout=0.2)
+            return page.result(), client.stats(), most_running
+
+    answer, stats, most_running = asyncio.run(scenario())
+    assert answer["usage"]["completion_tokens"] > 0
+    assert stats.hedged >= 1 and stats.outcomes == {"ok": 2} and stats.retries == 0
+    assert most_running >= 2
+    wait_for(lambda: queue(server) == QueueSample(running=0, waiting=0), timeout_s=30)
+    assert metric_total(metrics_text(server.root_url), SUCCESS_METRIC) - finished_before == 2

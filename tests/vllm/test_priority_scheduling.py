@@ -12,17 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.vllm.conftest import wait_for
-from tests.vllm.test_contract import (
-    LONG_TOKENS,
-    STANDIN_HOLD_S,
-    ContractServer,
-    _server,
-    abandoned_request,
-    page_request,
-    post,
-    queue,
-)
+from tests.vllm.conftest import STANDIN_HOLD_S, ContractServer, contract_server, wait_for
+from tests.vllm.test_contract import LONG_TOKENS, abandoned_request, page_request, post, queue
 
 # Each queued request generates for about a second (and holds the stand-in a moment), so one finishing
 # is over before the next starts and finishing order is serving order: with 40 tokens vLLM's answers
@@ -33,7 +24,7 @@ QUEUED_TOKENS = 200
 @pytest.fixture(params=["vllm", "standin"])
 def priority_server(request: pytest.FixtureRequest) -> Iterator[ContractServer]:
     servers = request.getfixturevalue("vllm_servers") if request.param == "vllm" else None
-    with _server(request.param, "priority", servers) as contract:
+    with contract_server(request.param, "priority", servers) as contract:
         yield contract
 
 

@@ -1,9 +1,10 @@
 """The CPU vLLM's own virtualenv: installed once from ``requirements.txt``, cached outside the repository.
 
-vLLM pins its own torch, transformers and FastAPI, which must never meet Airflow's, so the tier runs it
-from a virtualenv of its own under ``~/.cache/olmocr-airflow/vllm-<key>`` (``$XDG_CACHE_HOME`` is
-honoured), where the key is a hash of ``requirements.txt`` and the Python version: changing a pin
-installs a fresh one beside the old. ``requirements.txt`` pins every distribution (``pip freeze`` of a
+vLLM pins its own torch, transformers and FastAPI, which must never meet Airflow's, so the vllm test
+tier (and ``bench/real_vllm.py``) runs it from a virtualenv of its own under
+``~/.cache/olmocr-airflow/vllm-<key>`` (``$XDG_CACHE_HOME`` is honoured), where the key is a hash of the
+pins in ``requirements.txt`` (its comments aside) and the Python version: changing a pin installs a
+fresh one beside the old. ``requirements.txt`` pins every distribution (``pip freeze`` of a
 working install), so an install never resolves and installs the same on every machine; it leaves out
 what PyPI only has as CUDA builds and vLLM's CPU server never imports (torchaudio, torchcodec: the
 latter's import error would kill the server). torch is PyTorch's CPU build (``2.13.0+cpu``): pip must
@@ -46,9 +47,15 @@ def cache_root() -> Path:
     return Path(base) / "olmocr-airflow"
 
 
+def pins() -> list[str]:
+    """The ``name==version`` lines of ``requirements.txt``, without its comments and blank lines."""
+    lines = (line.split("#", 1)[0].strip() for line in REQUIREMENTS.read_text().splitlines())
+    return [line for line in lines if line]
+
+
 def venv_key() -> str:
-    pins = REQUIREMENTS.read_bytes()
-    return hashlib.sha256(pins + sys.version.split()[0].encode()).hexdigest()[:12]
+    described = "\n".join(pins()) + "\n" + sys.version.split()[0]
+    return hashlib.sha256(described.encode()).hexdigest()[:12]
 
 
 def venv_dir() -> Path:
@@ -106,7 +113,7 @@ def _install(venv: Path) -> None:
 
 
 def pinned_version(distribution: str) -> str:
-    for line in REQUIREMENTS.read_text().splitlines():
+    for line in pins():
         name, _, version = line.partition("==")
         if name.strip().lower() == distribution:
             return version.strip()

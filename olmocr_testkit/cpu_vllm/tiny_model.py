@@ -1,10 +1,11 @@
 """Build a tiny, randomly initialised olmOCR-shaped model, offline: ``python tiny_model.py OUTPUT_DIR``.
 
-Run by the vLLM tier with the vLLM virtualenv's Python (it needs torch, transformers and tokenizers,
-which Airflow's virtualenv does not have). The model has olmOCR-2's architecture
+Run by ``server.build_tiny_model`` with the vLLM virtualenv's Python (it needs torch, transformers and
+tokenizers, which Airflow's virtualenv does not have). The model has olmOCR-2's architecture
 (``Qwen2_5_VLForConditionalGeneration``) at ~1 M parameters: hidden size 128, 2 layers, 2 heads over
 1 KV head, head size 64 (a size vLLM's CPU attention supports); a 2-block vision tower with Qwen2-VL's
-14 px patches merged 2 by 2, so a 1,288 px page costs as many prompt tokens as with the real model.
+14 px patches merged 2 by 2, and Qwen2.5-VL's image size limits (3,136 to 12,845,056 pixels, which
+olmOCR's model keeps), so a page image costs as many prompt tokens as with the real model.
 The tokenizer is a byte-level BPE trained here on a small generated corpus plus Qwen2-VL's 22 special
 tokens, with Qwen2-VL's chat template: any text can be encoded, so guided decoding can always produce
 olmOCR's front matter.
@@ -60,6 +61,9 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# Qwen2.5-VL's preprocessor_config (min_pixels, max_pixels): an image is scaled into this many pixels.
+# transformers' own default keeps at most 1,003,520, which would shrink a 1,288 px page.
+IMAGE_PIXELS = {"shortest_edge": 3136, "longest_edge": 12845056}
 VOCAB_TRAINED = 4000
 HIDDEN = 128
 HEADS, KV_HEADS = 2, 1
@@ -182,7 +186,7 @@ def build(output: Path) -> None:
     model.save_pretrained(output, safe_serialization=True)
     patches = {"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2}
     processor = Qwen2_5_VLProcessor(
-        image_processor=Qwen2VLImageProcessor(**patches),
+        image_processor=Qwen2VLImageProcessor(size=IMAGE_PIXELS, **patches),
         video_processor=Qwen2VLVideoProcessor(**patches),
         tokenizer=tokenizer,
         chat_template=CHAT_TEMPLATE,
