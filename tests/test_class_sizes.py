@@ -32,7 +32,7 @@ EXCEPTIONS: dict[str, str] = {
     # 4, 4 and 8 lines); none coordinates other objects. Splitting one would leave either delegating
     # methods (the same count) or two objects for every caller to hold for one thing.
     "location/manifest_reader.py:ManifestReader": "a published manifest's summary accessors and entry streams",
-    "location/runs.py:RunFolder": "the files of one run's folder: plan, batches, slices, attempt reports",
+    "location/run_folders.py:RunFolder": "the files of one run's folder: plan, batches, slices, attempt reports",
     "storage/store.py:Storage": "one verb per storage operation over every backend, with its retries",
 }
 

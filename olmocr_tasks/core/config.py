@@ -69,7 +69,7 @@ class RetrySettings:
 
 @dataclass(frozen=True)
 class HedgeSettings:
-    """When a slow request gets a second one (see ``olmocr_tasks.inference.hedging``).
+    """When a slow request gets a second one (see ``olmocr_tasks.inference.hedging_policy``).
 
     A request outstanding for hedge_multiple x the hedge_percentile of recent answer times, or
     hedge_idle_multiple x that after the server's queue emptied, and never before hedge_min_delay_s,

@@ -29,8 +29,8 @@ from olmocr_tasks.inference.client import PROBE_TIMEOUT_S, InferenceClient
 from olmocr_tasks.inference.error_text import ErrorText
 from olmocr_tasks.inference.gpu_busy import GpuBusyMeter
 from olmocr_tasks.inference.hedger import Hedger, QueueView, hedge_cap
-from olmocr_tasks.inference.hedging import HedgePolicy
-from olmocr_tasks.inference.outage import OutageBreaker
+from olmocr_tasks.inference.hedging_policy import HedgePolicy
+from olmocr_tasks.inference.outage_policy import OutageBreaker
 from olmocr_tasks.inference.outage_watch import OutageWatch
 from olmocr_tasks.inference.priority import check_scheduling_policy
 from olmocr_tasks.inference.readiness import ModelsProbe

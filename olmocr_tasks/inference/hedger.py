@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from olmocr_tasks.core.errors import AttemptFailed
 from olmocr_tasks.inference.backpressure import InFlightWindow, target_waiting
-from olmocr_tasks.inference.hedging import HedgePolicy
+from olmocr_tasks.inference.hedging_policy import HedgePolicy
 from olmocr_tasks.inference.replicas import Replica
 from olmocr_tasks.inference.vllm_metrics import QueueSample
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
-from olmocr_tasks.inference.outage import OutageBreaker
+from olmocr_tasks.inference.outage_policy import OutageBreaker
 
 # Fired just after a decision is due, so the breaker's clock has passed it when it looks.
 _TIMER_SLACK_S = 0.001

@@ -24,7 +24,7 @@ from olmocr_tasks.core.config import RetrySettings
 from olmocr_tasks.core.errors import AttemptFailed, ServerMisconfigured, ServerUnavailable
 from olmocr_tasks.inference.error_text import ErrorText
 from olmocr_tasks.inference.gpu_busy import GpuBusyMeter
-from olmocr_tasks.inference.hedging import HedgePolicy
+from olmocr_tasks.inference.hedging_policy import HedgePolicy
 from olmocr_tasks.inference.outage_watch import OutageWatch
 from olmocr_tasks.inference.replicas import Replica, ReplicaSet
 from olmocr_tasks.inference.request_retries import CallState, Retryable, backoff_delay, retry_after_seconds

@@ -2,7 +2,7 @@
 
 These objects stop serving anything:
 
-* **Run folders** ``_runs/<run>/`` (plans, batches, attempts; see ``olmocr_tasks.location.runs``) once the
+* **Run folders** ``_runs/<run>/`` (plans, batches, attempts; see ``olmocr_tasks.location.run_folders``) once the
   run's manifest is published: the manifest carries everything a reader needs. A folder is removed
   only when its manifest exists, nothing in the folder changed for ``older_than``, and nothing in it
   is newer than the manifest. A run still working, never published, or cleared and running again

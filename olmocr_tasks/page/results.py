@@ -31,7 +31,7 @@ class PageResult:
     # Tokens of every answered attempt, retries included (what the server actually spent).
     server_input_tokens: int = 0
     server_output_tokens: int = 0
-    # Second requests sent because a request was slow (see olmocr_tasks.inference.hedging); never attempts.
+    # Second requests sent because a request was slow (see olmocr_tasks.inference.hedging_policy); never attempts.
     hedged: int = 0
 
     @classmethod

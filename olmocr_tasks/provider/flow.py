@@ -15,7 +15,7 @@
   events), the vLLM connection and the deployment's environment into a ``RunRequest``, once, and calls
   the engine's planning (``olmocr_tasks.run.planned.plan_in_batches``): it writes the resolved run (no
   secret), discovers what to convert, writes the plan and one small file per batch in the run folder
-  (``olmocr_tasks.location.runs``), and returns batch descriptors
+  (``olmocr_tasks.location.run_folders``), and returns batch descriptors
   (``{"plan": "p1-3f9c0a2e", "batch": "b00012", "label": "inbox/report.pdf", "documents": 1}``).
 * ``convert`` is mapped over the descriptors; each instance reads the resolved run back, converts its
   batch with the settings the run was planned with and writes a part file.

@@ -14,7 +14,7 @@ Connection fields:
   ``connect_timeout_s``, ``read_timeout_s``, ``write_timeout_s``, ``readiness_timeout_s``,
   ``request_retry_budget_s``, ``outage_window_s``; and the hedging knobs ``hedge_requests``
   (boolean, on by default), ``hedge_min_delay_s``, ``hedge_multiple`` and ``hedge_idle_multiple`` (see
-  ``config.HedgeSettings`` and ``olmocr_tasks.inference.hedging``); ``scheduling_policy``: ``fcfs`` (default) or
+  ``config.HedgeSettings`` and ``olmocr_tasks.inference.hedging_policy``); ``scheduling_policy``: ``fcfs`` (default) or
   ``priority``, as the deployment's vLLM runs (``--scheduling-policy``); with ``priority`` each page
   request carries its run's priority class (``olmocr_tasks.inference.priority``).
 """

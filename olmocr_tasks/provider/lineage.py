@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from olmocr_tasks.storage.lineage import DEFAULT_MAX_ASSETS, Lineage, batch_lineage, manifest_lineage
+from olmocr_tasks.storage.dataset_names import DEFAULT_MAX_ASSETS, Lineage, batch_lineage, manifest_lineage
 
 
 class _StorageContext:

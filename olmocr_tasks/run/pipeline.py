@@ -4,7 +4,7 @@ A run is: **plan** (``olmocr_tasks.run.planning``: discover PDFs, drop those alr
 same content, model and prompt, list dead letters), **convert** (here: one or many batches, each
 writing a *part* file with its documents' manifest entries), and **publish**
 (``olmocr_tasks.run.publishing``: merge the plan and the parts into the run manifest, written last, with
-the error budget's verdict). The plan and parts live in the run folder (``olmocr_tasks.location.runs``) so
+the error budget's verdict). The plan and parts live in the run folder (``olmocr_tasks.location.run_folders``) so
 that every discovered document reaches the manifest — a batch that never reported is accounted for
 as failed — and XCom only ever carries URIs and counts. ``run_conversion`` is the whole run in one
 process (the CLI); the Airflow tasks call the same steps one task at a time.
@@ -31,7 +31,7 @@ from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.ledger import Ledger
 from olmocr_tasks.location.manifest import PAGE_COUNT_KEYS, STATUSES, DocumentEntry, count_entries, manifest_uri
 from olmocr_tasks.location.manifest_reader import ManifestReader
-from olmocr_tasks.location.runs import SINGLE_PLAN, RunFolder, RunPlan
+from olmocr_tasks.location.run_folders import SINGLE_PLAN, RunFolder, RunPlan
 from olmocr_tasks.run.claim_guard import ClaimRules
 from olmocr_tasks.run.conversion import ConversionEngine, Reporting
 from olmocr_tasks.run.document_job import RunScope

@@ -21,7 +21,7 @@ from typing import Any
 
 from olmocr_tasks.core.config import ServerAccess
 from olmocr_tasks.core.errors import ConfigurationError
-from olmocr_tasks.location.runs import RunFolder, new_plan_id, safe_name
+from olmocr_tasks.location.run_folders import RunFolder, new_plan_id, safe_name
 from olmocr_tasks.run.batching import BatchingRule
 from olmocr_tasks.run.pipeline import BatchResult, convert_batch_in
 from olmocr_tasks.run.planning import plan_batches

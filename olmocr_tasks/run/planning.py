@@ -24,7 +24,7 @@ from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.ledger import Ledger, LedgerSnapshot, fingerprint, source_id
 from olmocr_tasks.location.manifest import SKIP_RETRY_LATER, DocumentEntry
 from olmocr_tasks.location.outputs import output_stem
-from olmocr_tasks.location.runs import RunFolder, RunPlan
+from olmocr_tasks.location.run_folders import RunFolder, RunPlan
 from olmocr_tasks.run.batching import BatchingRule, Packing
 from olmocr_tasks.run.discovery import MissingSource, iter_documents, resolve_explicit
 from olmocr_tasks.run.request import RunRequest

@@ -27,7 +27,7 @@ from olmocr_tasks.location.manifest import (
     ManifestWriter,
 )
 from olmocr_tasks.location.manifest_reader import ManifestReader
-from olmocr_tasks.location.runs import AttemptReport, RunFolder, RunPlan
+from olmocr_tasks.location.run_folders import AttemptReport, RunFolder, RunPlan
 from olmocr_tasks.page.protocol import PROMPT_VERSION
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import REQUEST_KINDS, Storage

@@ -19,7 +19,7 @@ from olmocr_tasks.core.errors import ConfigurationError
 from olmocr_tasks.core.formats import ordered_formats
 from olmocr_tasks.location.layout import ConversionState, OutputLocation
 from olmocr_tasks.location.ledger import conversion_key
-from olmocr_tasks.location.runs import SINGLE_PLAN, RunFolder
+from olmocr_tasks.location.run_folders import SINGLE_PLAN, RunFolder
 from olmocr_tasks.page.protocol import PROMPT_VERSION
 from olmocr_tasks.run.settings import RunSettings
 from olmocr_tasks.storage.access import AccessPolicy

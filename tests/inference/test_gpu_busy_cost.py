@@ -27,7 +27,7 @@ from olmocr_tasks.inference.vllm_metrics import (
     render_vllm_metrics,
 )
 from olmocr_tasks.location.manifest import DocumentEntry, Manifest
-from olmocr_tasks.location.runs import RunFolder
+from olmocr_tasks.location.run_folders import RunFolder
 from olmocr_tasks.run.pipeline import run_conversion
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage

@@ -11,7 +11,7 @@ import pytest
 
 from olmocr_tasks.core.config import DEFAULT_MODEL, ServerSettings
 from olmocr_tasks.inference.client_factory import build_client
-from olmocr_tasks.inference.hedging import MIN_SAMPLES
+from olmocr_tasks.inference.hedging_policy import MIN_SAMPLES
 from tests.fixtures.client import Factory, content_of, page_body, requests_for, run
 
 pytestmark = pytest.mark.timeout(60)

@@ -24,7 +24,7 @@ from olmocr_tasks.location.layout import safe_run_id
 from olmocr_tasks.location.ledger import Ledger
 from olmocr_tasks.location.page_store import PageStore
 from olmocr_tasks.location.retention import clean_output
-from olmocr_tasks.location.runs import RunFolder, new_plan_id
+from olmocr_tasks.location.run_folders import RunFolder, new_plan_id
 from olmocr_tasks.run.pipeline import run_conversion
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage

@@ -1,6 +1,6 @@
 """OpenLineage: the objects a run read and wrote, under OpenLineage's standard dataset names.
 
-The naming is checked on its own (``olmocr_tasks.storage.lineage``); a real ``olmocr_ingest`` run on local folders
+The naming is checked on its own (``olmocr_tasks.storage.dataset_names``); a real ``olmocr_ingest`` run on local folders
 reports its PDFs, outputs and manifest through the file transport; and manifests of two real CLI runs (local
 folders, and S3 on moto) feed a DAG whose mapped convert instances and publish task report through
 ``olmocr_tasks.provider.lineage``, run with ``dag.test()`` and the OpenLineage provider's file
@@ -19,7 +19,7 @@ from typing import Any
 import boto3
 import pytest
 
-from olmocr_tasks.storage.lineage import Lineage, asset_uri, batch_lineage, manifest_lineage
+from olmocr_tasks.storage.dataset_names import Lineage, asset_uri, batch_lineage, manifest_lineage
 from olmocr_tasks.storage.uri import local_path
 from olmocr_testkit import pdfgen
 from olmocr_testkit.airflow_env import AirflowEnv

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from olmocr_tasks.location.layout import OutputLocation, safe_run_id
-from olmocr_tasks.location.runs import RunFolder
+from olmocr_tasks.location.run_folders import RunFolder
 from olmocr_tasks.run.pipeline import run_conversion
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.storage.store import Storage

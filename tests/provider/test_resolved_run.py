@@ -20,7 +20,7 @@ import pytest
 
 from olmocr_tasks.core.config import DocumentLimits
 from olmocr_tasks.location.ledger import Ledger
-from olmocr_tasks.location.runs import RunFolder
+from olmocr_tasks.location.run_folders import RunFolder
 from olmocr_tasks.provider import run_requests, tasks
 from olmocr_tasks.storage.store import Storage
 from olmocr_testkit import pdfgen

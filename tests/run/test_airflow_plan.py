@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from olmocr_tasks.core.config import ConversionSettings, ServerSettings
-from olmocr_tasks.location.runs import RunFolder
+from olmocr_tasks.location.run_folders import RunFolder
 from olmocr_tasks.run.batching import BatchingRule, pack_batches
 from olmocr_tasks.run.pipeline import convert_batch
 from olmocr_tasks.run.planning import batch_label, plan_batches

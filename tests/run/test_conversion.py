@@ -21,7 +21,7 @@ from olmocr_tasks.core.config import ConversionSettings, ServerSettings
 from olmocr_tasks.core.errors import ServerNotReady, ServerUnavailable
 from olmocr_tasks.location.manifest import DocumentEntry, Manifest
 from olmocr_tasks.location.manifest_reader import ManifestReader
-from olmocr_tasks.location.runs import RunFolder
+from olmocr_tasks.location.run_folders import RunFolder
 from olmocr_tasks.run.pipeline import run_conversion
 from olmocr_tasks.run.request import RunRequest
 from olmocr_tasks.run.settings import RunSettings

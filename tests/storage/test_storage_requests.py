@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from olmocr_tasks.location.runs import RunFolder
+from olmocr_tasks.location.run_folders import RunFolder
 from olmocr_tasks.run.pipeline import convert_batch
 from olmocr_tasks.run.publishing import publish_run
 from olmocr_tasks.run.request import RunRequest

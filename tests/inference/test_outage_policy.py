@@ -1,4 +1,4 @@
-"""The outage breaker (``olmocr_tasks.inference.outage``) on a fake clock, and its event-loop side
+"""The outage breaker (``olmocr_tasks.inference.outage_policy``) on a fake clock, and its event-loop side
 (``olmocr_tasks.inference.outage_watch``) with a probe the test answers."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import pytest
 
-from olmocr_tasks.inference.outage import OutageBreaker
+from olmocr_tasks.inference.outage_policy import OutageBreaker
 from olmocr_tasks.inference.outage_watch import OutageWatch
 from tests.fixtures.clock import FakeClock
 

@@ -1,4 +1,4 @@
-"""The hedging rule on its own (``olmocr_tasks.inference.hedging``): times are plain numbers, no clock runs; then
+"""The hedging rule on its own (``olmocr_tasks.inference.hedging_policy``): times are plain numbers, no clock runs; then
 the hedger that acts on it (``olmocr_tasks.inference.hedger``) with requests the test answers, no server."""
 
 from __future__ import annotations
@@ -15,7 +15,13 @@ from olmocr_tasks.core.config import ServerSettings
 from olmocr_tasks.core.errors import AttemptFailed, ServerUnavailable
 from olmocr_tasks.inference.backpressure import InFlightWindow, target_waiting
 from olmocr_tasks.inference.hedger import Hedger, QueueView, hedge_cap
-from olmocr_tasks.inference.hedging import COLD_MULTIPLE, COLD_PRIOR_FRACTION, MIN_SAMPLES, HedgePolicy, LatencyTracker
+from olmocr_tasks.inference.hedging_policy import (
+    COLD_MULTIPLE,
+    COLD_PRIOR_FRACTION,
+    MIN_SAMPLES,
+    HedgePolicy,
+    LatencyTracker,
+)
 from olmocr_tasks.inference.readiness import ModelsProbe
 from olmocr_tasks.inference.replicas import Replica
 from olmocr_tasks.inference.vllm_metrics import QueueSample
