@@ -63,7 +63,12 @@ def measure_airflow(corpus: Corpus, server: str, work: Path, regime: str, home: 
     slug = f"airflow-{regime}-{corpus.folder.name}"
     output = fresh_dir(work / slug)
     conf = {"input_uri": str(corpus.folder), "output_uri": str(output), "scope": "all"}
-    env = bytecode_env(airflow_env.with_env(AIRFLOW_CONN_OLMOCR_VLLM=vllm_connection(server, MODEL)).env)
+    # The worker's allow-list fails closed: name the corpus, as a deployment names its input prefixes.
+    env = bytecode_env(
+        airflow_env.with_env(
+            AIRFLOW_CONN_OLMOCR_VLLM=vllm_connection(server, MODEL), OLMOCR_ALLOWED_INPUTS=str(corpus.folder)
+        ).env
+    )
     log = work / f"{slug}.log"
     command = [str(VENV_BIN / "airflow"), "dags", "test", DAG_ID, "-c", json.dumps(conf)]
     measurement = run_measured(command, label=f"{system} / {regime}", env=env, cwd=airflow_env.home, log_path=log)

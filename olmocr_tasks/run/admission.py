@@ -4,6 +4,10 @@ A document is admitted while fewer pages are waiting than the high-water mark (t
 request window, see ``ConversionEngine``) and fewer documents than ``max_open_documents`` are open,
 so pages of many small documents interleave and a single large document never holds the others
 back. One document is always admitted when none is open, whatever its size.
+
+Each admitted document gets an ``AdmittedDocument`` that keeps its own count of waiting pages, so a
+document that stops part-way (a failed page, the error-rate guard, a lost claim) gives back exactly
+the pages it still held: the window never stays narrowed by documents that are over.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ class Admission:
         self._pending_pages = 0
         self._changed = asyncio.Condition()
 
-    async def enter(self) -> None:
+    async def enter(self) -> AdmittedDocument:
         """Wait until one more document may open; it counts as one pending page until its count is known."""
         async with self._changed:
             await self._changed.wait_for(
@@ -29,19 +33,38 @@ class Admission:
             )
             self._open += 1
             self._pending_pages += 1  # the document's first page, before its count is known
+        return AdmittedDocument(self)
+
+    async def _adjust(self, pages: int, closing: bool = False) -> None:
+        async with self._changed:
+            self._pending_pages += pages
+            if closing:
+                self._open -= 1
+            if pages < 0 or closing:
+                self._changed.notify_all()
+
+
+class AdmittedDocument:
+    """One open document's share of the admission: the pages it still has waiting."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+        self._waiting = 1
+        self._open = True
 
     async def pages_known(self, pages: int) -> None:
-        async with self._changed:
-            self._pending_pages += pages - 1
+        """The document has ``pages`` pages: all of them wait (the first was counted on entry)."""
+        await self._admission._adjust(pages - self._waiting)
+        self._waiting = pages
 
     async def page_done(self) -> None:
-        async with self._changed:
-            self._pending_pages -= 1
-            self._changed.notify_all()
+        self._waiting -= 1
+        await self._admission._adjust(-1)
 
-    async def leave(self, unfinished_pages: int) -> None:
-        """The document is over: it is no longer open, and ``unfinished_pages`` no longer wait."""
-        async with self._changed:
-            self._open -= 1
-            self._pending_pages -= unfinished_pages
-            self._changed.notify_all()
+    async def leave(self) -> None:
+        """The document is over: it is no longer open, and its unfinished pages no longer wait. Idempotent."""
+        if not self._open:
+            return
+        self._open = False
+        unfinished, self._waiting = self._waiting, 0
+        await self._admission._adjust(-unfinished, closing=True)

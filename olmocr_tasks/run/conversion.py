@@ -31,7 +31,7 @@ from olmocr_tasks.location.manifest import DocumentEntry
 from olmocr_tasks.page.ladder import PageConverter
 from olmocr_tasks.page.protocol import RequestBodyBuilder
 from olmocr_tasks.page.render_pool import RenderPool
-from olmocr_tasks.run.admission import Admission
+from olmocr_tasks.run.admission import Admission, AdmittedDocument
 from olmocr_tasks.run.claim_guard import ClaimGuard, ClaimRules
 from olmocr_tasks.run.document_job import DocumentJob, JobTools, RunScope
 from olmocr_tasks.run.document_records import DocumentRecords
@@ -117,8 +117,8 @@ class ConversionEngine:
         entries: list[DocumentEntry | None] = [None] * len(sources)
         reporting = self._reporting
 
-        async def run(index: int, source: SourceDocument) -> None:
-            entry = await self._convert_one(source, admission)
+        async def run(index: int, source: SourceDocument, admitted: AdmittedDocument) -> None:
+            entry = await self._convert_one(source, admitted)
             entries[index] = entry
             if reporting.on_document is not None:
                 await reporting.on_document(entry)
@@ -128,25 +128,22 @@ class ConversionEngine:
         try:
             async with asyncio.TaskGroup() as group:
                 for index, source in enumerate(sources):
-                    await admission.enter()
-                    group.create_task(run(index, source))
+                    admitted = await admission.enter()
+                    group.create_task(run(index, source, admitted))
         except* InfrastructureError as failures:
             raise failures.exceptions[0] from None
         return [entry for entry in entries if entry is not None]
 
-    async def _convert_one(self, source: SourceDocument, admission: Admission) -> DocumentEntry:
+    async def _convert_one(self, source: SourceDocument, admitted: AdmittedDocument) -> DocumentEntry:
         """Claim the document (when claims are in use), convert it, give the claim back."""
-        job_started = False
         try:
             async with ClaimGuard(self._claims, source, self._scope.run_id) as guard:
                 if guard.blocked is not None:
                     return guard.left_for_later(self._scope.task_context)
-                job_started = True
-                entry = await DocumentJob(self._tools, source, admission, guard).run()
+                entry = await DocumentJob(self._tools, source, admitted, guard).run()
                 guard.finished(entry)
                 return entry
         finally:
-            if not job_started:
-                # A started job leaves the admission itself; a document blocked by another run's claim,
-                # or whose claim could not be acquired, leaves here with its one page.
-                await admission.leave(1)
+            # A started job has left already (before its claim is given back); a document blocked by
+            # another run's claim, or whose claim could not be acquired, leaves here.
+            await admitted.leave()

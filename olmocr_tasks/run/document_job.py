@@ -38,7 +38,7 @@ from olmocr_tasks.page.ladder import PageConverter
 from olmocr_tasks.page.protocol import PROMPT_VERSION
 from olmocr_tasks.page.render_pool import RenderPool
 from olmocr_tasks.page.results import DocumentResult, DocumentTotals, PageResult
-from olmocr_tasks.run.admission import Admission
+from olmocr_tasks.run.admission import AdmittedDocument
 from olmocr_tasks.run.claim_guard import ClaimGuard, ClaimLost
 from olmocr_tasks.run.document_records import Converted, DocumentRecords
 from olmocr_tasks.run.progress import ProgressReporter
@@ -86,16 +86,14 @@ class JobTools:
 class DocumentJob:
     """Converts one document; ``run`` once."""
 
-    def __init__(self, tools: JobTools, source: SourceDocument, admission: Admission, guard: ClaimGuard) -> None:
+    def __init__(self, tools: JobTools, source: SourceDocument, admitted: AdmittedDocument, guard: ClaimGuard) -> None:
         self._tools = tools
         self._source = source
-        self._admission = admission
+        self._admitted = admitted
         self._guard = guard
         self._entry = DocumentEntry(
             source=source.uri, status="failed", size=source.info.size, task=tools.scope.task_context
         )
-        # Pages of the document still counted as waiting by the admission when it leaves.
-        self._unfinished = 1
         self._local_path: str | None = None
 
     async def run(self) -> DocumentEntry:
@@ -119,7 +117,7 @@ class DocumentJob:
             await self._record_failure()
         finally:
             entry.seconds = round(time.monotonic() - started, 3)
-            await self._admission.leave(self._unfinished)
+            await self._admitted.leave()
             if self._local_path is not None:
                 await self._tools.renderer.release(self._local_path)
                 await self._tools.spool.discard(self._local_path)
@@ -146,7 +144,6 @@ class DocumentJob:
         assert claim is not None
         try:
             result = await self._convert_pages(local_path, document_format)
-            self._unfinished = 0
             result.seconds = round(time.monotonic() - started, 3)
             await self._guard.fence()
             entry.outputs = await asyncio.to_thread(
@@ -183,14 +180,14 @@ class DocumentJob:
         await self._tools.records.discard_saved_pages(entry.sha256)
 
     async def _convert_pages(self, path: str, document_format: str) -> DocumentResult:
-        tools, source, entry, admission = self._tools, self._source, self._entry, self._admission
+        tools, source, entry, admitted = self._tools, self._source, self._entry, self._admitted
         try:
             info = await tools.renderer.inspect(path)
         except RenderError as exc:
             # The pool has already replaced the worker; a PDF that kills or hangs PDFium while merely
             # being opened is broken as far as we can tell, and retrying would only repeat the crash.
             raise CorruptPdfError(f"the renderer could not open it ({exc.reason})") from None
-        await admission.pages_known(info.page_count)
+        await admitted.pages_known(info.page_count)
         if tools.progress:
             tools.progress.document_started(source.uri, info.page_count)
         saved = await tools.records.saved_pages(source, entry.sha256 or "", info.page_count)
@@ -207,7 +204,7 @@ class DocumentJob:
                 result = await tools.pages.convert(path, index)
                 if not result.is_fallback and info.page_count > 1:
                     await tools.records.save_page(entry.sha256 or "", result)
-            await admission.page_done()
+            await admitted.page_done()
             if tools.progress:
                 tools.progress.page_done(result)
             if result.is_fallback:

@@ -40,14 +40,12 @@ def not_converted(source: SourceDocument, reason: str) -> DocumentEntry:
     )
 
 
-def _manifest_header(
-    request: RunRequest, plan: RunPlan, *, gpu_busy: GpuBusy | None = None, finished_at: str | None = None
-) -> Manifest:
+def _manifest_header(request: RunRequest, plan: RunPlan, *, gpu_busy: GpuBusy | None = None) -> Manifest:
     """The run's manifest without entries: what it was, how it was configured, when it ran."""
     return Manifest(
         run_id=request.run_id,
         started_at=plan.started_at,
-        finished_at=finished_at or utc_now(),
+        finished_at=utc_now(),
         server=request.settings.server.public_dict(),
         model=request.settings.server.connection.model,
         prompt_version=PROMPT_VERSION,
