@@ -63,10 +63,13 @@ def measure_airflow(corpus: Corpus, server: str, work: Path, regime: str, home: 
     slug = f"airflow-{regime}-{corpus.folder.name}"
     output = fresh_dir(work / slug)
     conf = {"input_uri": str(corpus.folder), "output_uri": str(output), "scope": "all"}
-    # The worker's allow-list fails closed: name the corpus, as a deployment names its input prefixes.
+    # The worker's allow-lists fail closed: name the corpus and the output folder, as a deployment
+    # names its prefixes.
     env = bytecode_env(
         airflow_env.with_env(
-            AIRFLOW_CONN_OLMOCR_VLLM=vllm_connection(server, MODEL), OLMOCR_ALLOWED_INPUTS=str(corpus.folder)
+            AIRFLOW_CONN_OLMOCR_VLLM=vllm_connection(server, MODEL),
+            OLMOCR_ALLOWED_INPUTS=str(corpus.folder),
+            OLMOCR_ALLOWED_OUTPUTS=str(output),
         ).env
     )
     log = work / f"{slug}.log"
