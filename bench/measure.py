@@ -189,12 +189,17 @@ def run_measured(
 
 
 def _short_name(process: psutil.Process) -> str:
-    # Enough of the command line to recognise the role (CLI, render worker, poppler, task runner).
     try:
         parts = process.cmdline()
     except psutil.Error:
         return "?"
-    words = [Path(part).name if "/" in part and len(part) > 40 else part for part in parts[:6]]
+    return short_command(parts)
+
+
+def short_command(parts: Sequence[str]) -> str:
+    """Enough of a command line to recognise the role (CLI, render worker, poppler, task runner); a path
+    keeps only its last part, so a committed record names no folder of the machine that measured it."""
+    words = [Path(part).name if part.startswith("/") else part for part in parts[:6]]
     return " ".join(words)[:100]
 
 

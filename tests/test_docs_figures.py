@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -79,6 +80,27 @@ def test_every_record_a_doc_names_is_committed(doc: str) -> None:
 @pytest.mark.parametrize("doc", DOCS)
 def test_every_test_a_doc_names_exists(doc: str) -> None:
     assert missing_tests(_doc_text(doc)) == []
+
+
+def test_committed_records_name_no_folder_of_the_machine_that_measured() -> None:
+    # A bench writes its records from some checkout (a worktree beside this one, a fresh clone in the
+    # temp folder): none of those folders, nor the home folder, may reach a committed file.
+    machine_folders = {str(REPO.parent), str(Path.home()), tempfile.gettempdir()}
+    leaks = [
+        f"{record.name}: {folder}"
+        for record in sorted((REPO / "bench" / "records").glob("*.json"))
+        for folder in machine_folders
+        if f"{folder.rstrip('/')}/" in record.read_text(encoding="utf-8")
+    ]
+    assert leaks == []
+
+
+def test_a_measured_command_keeps_only_the_last_part_of_each_path() -> None:
+    from bench.measure import short_command
+
+    checkout = str(REPO.parent / "some-worktree")
+    command = [f"{checkout}/.venv/bin/python", f"{checkout}/.venv/bin/olmocr-tasks", "convert", "/data/in", "out"]
+    assert short_command(command) == "python olmocr-tasks convert in out"
 
 
 def test_the_checks_catch_what_they_are_for() -> None:
