@@ -650,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["cli"] = {
                     "wall_s": round(cli.measurement.wall_s, 2) if cli.measurement else None,
                     "pages_per_s": round(cli.pages_per_s, 2) if cli.pages_per_s else None,
-                    "peak_rss_mib": round(cli.peak_rss_mib, 1) if cli.peak_rss_mib else None,
+                    "peak_rss_mib": round(cli.peak_rss_mib, 1) if cli.peak_rss_mib else None,  # sampled tree sum
+                    "max_rss_mib": round(cli.max_rss_mib, 1) if cli.max_rss_mib else None,  # kernel: exact
                     "ok": cli.ok,
                     "note": cli.note,
                     "load_before": cli.measurement.load_before if cli.measurement else None,

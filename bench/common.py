@@ -74,9 +74,17 @@ class Row:
 
     @property
     def peak_rss_mib(self) -> float | None:
+        """The largest sampled sum of RSS over the process tree."""
         if self.measurement is None:
             return None
         return self.measurement.peak_rss_bytes / 2**20
+
+    @property
+    def max_rss_mib(self) -> float | None:
+        """The kernel's exact peak of the tree's largest process (``ru_maxrss``)."""
+        if self.measurement is None:
+            return None
+        return self.measurement.max_rss_bytes / 2**20
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +96,7 @@ class Row:
             "pages_per_s": _round(self.pages_per_s),
             "cpu_ms_per_page": _round(self.cpu_ms_per_page),
             "peak_rss_mib": _round(self.peak_rss_mib),
+            "max_rss_mib": _round(self.max_rss_mib),
             "measurement": self.measurement.to_dict() if self.measurement else None,
             "details": self.details,
         }

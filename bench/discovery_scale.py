@@ -139,7 +139,7 @@ def measure_discovery(work: Path, objects: int = 100_000, repeats: int = 2) -> d
                         "listing_s": round(inner.get("seconds", float("nan")), 3),
                         "listing_cpu_s": round(inner.get("cpu_s", float("nan")), 3),
                         "process_wall_s": round(measurement.wall_s, 3),
-                        "peak_rss_mib": round(measurement.peak_rss_bytes / 2**20, 1),
+                        "peak_rss_mib": round(measurement.max_rss_bytes / 2**20, 1),  # kernel max RSS: exact
                         "pdfs": inner.get("pdfs"),
                     }
                 )

@@ -4,8 +4,11 @@ CPU comes from ``wait4``: on Linux the rusage of a reaped child includes every d
 turn (render workers, poppler subprocesses, Airflow task processes), so nothing that exits cleanly is
 missed and nothing outside the tree (the stand-in, this harness) is counted. As a cross-check the
 sampler also keeps the last CPU reading of every process it saw; the larger of the two is reported, so
-an orphan that was never reaped still counts. Peak RSS is the largest *sum* of RSS over the tree seen
-by a sampler that walks it every ``interval`` seconds.
+an orphan that was never reaped still counts. Memory is reported twice: ``max_rss_bytes``, the
+kernel's exact peak from the same ``wait4`` (``ru_maxrss``: the largest peak of any one process of
+the tree, the measured command or a descendant it reaped), and ``peak_rss_bytes``, the largest *sum*
+of RSS over the tree seen by a sampler that walks it every ``interval`` seconds (a sample: it can miss
+a short peak).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Measurement:
     cpu_system_s: float
     cpu_sampled_s: float
     peak_rss_bytes: int
+    max_rss_bytes: int
     peak_processes: int
     returncode: int
     load_before: tuple[float, float, float]
@@ -51,6 +55,7 @@ class Measurement:
         data = asdict(self)
         data["cpu_s"] = round(self.cpu_s, 3)
         data["peak_rss_mib"] = round(self.peak_rss_bytes / 2**20, 1)
+        data["max_rss_mib"] = round(self.max_rss_bytes / 2**20, 1)
         return data
 
 
@@ -179,6 +184,7 @@ def run_measured(
         cpu_system_s=rusage.ru_stime,
         cpu_sampled_s=sampler.cpu_s,
         peak_rss_bytes=sampler.peak_rss,
+        max_rss_bytes=rusage.ru_maxrss * 1024,  # KiB on Linux
         peak_processes=sampler.peak_processes,
         returncode=process.returncode,
         load_before=load_before,
