@@ -33,6 +33,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.measure import launcher_command
+
 REPO = Path(__file__).resolve().parents[1]
 # Standalone (it also measures other checkouts), so it names the records folder itself.
 RECORDS_DIR = REPO / "bench" / "records"
@@ -116,36 +118,15 @@ class Command:
             self.argv = [sys.executable, "-m", "olmocr_tasks.cli", "manifest"]
 
 
-# Forks the measured command and reports its wait4 rusage. Linux counts in a child's ru_maxrss the RSS
-# its process had when it forked (the copied address space, until exec replaces it): forked from this
-# harness (about 70 MB once the manifests are written) every child would read at least that. This
-# launcher (python -I -S, about 8 MB) forks instead, and reports its own RSS at the fork: the floor.
-_LAUNCHER = """
-import json, os, sys, time
-result, argv = sys.argv[1], sys.argv[2:]
-with open("/proc/self/statm") as statm:
-    floor_kib = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-started = time.perf_counter()
-pid = os.fork()
-if pid == 0:
-    try:
-        os.execv(argv[0], argv)
-    finally:
-        os._exit(127)
-_, status, usage = os.wait4(pid, 0)
-seconds = time.perf_counter() - started
-with open(result, "w") as out:
-    json.dump({"peak_rss_kib": usage.ru_maxrss, "launcher_rss_kib": floor_kib, "seconds": seconds,
-               "exit": os.waitstatus_to_exitcode(status)}, out)
-"""
-
-
 def _peak_rss(command: Command, args: list[str], stdout: Any, work: Path) -> dict[str, Any]:
     """Run the command once to its end through the launcher: its peak RSS (KiB), the launcher's, seconds."""
     argv = [*command.argv, *args]
     report = work / "launcher.json"
-    launcher = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(report), *argv]
-    done = subprocess.run(launcher, stdout=stdout, stderr=subprocess.PIPE, env=command.env, cwd=command.cwd)
+    # Through the launcher: forked from this harness (about 70 MB once the manifests are written) every
+    # child's ru_maxrss would read at least that (``bench.measure``).
+    done = subprocess.run(
+        launcher_command(report, argv), stdout=stdout, stderr=subprocess.PIPE, env=command.env, cwd=command.cwd
+    )
     measured = json.loads(report.read_text())
     report.unlink()
     if done.returncode != 0 or measured["exit"] != 0:

@@ -5,18 +5,26 @@ turn (render workers, poppler subprocesses, Airflow task processes), so nothing 
 missed and nothing outside the tree (the stand-in, this harness) is counted. As a cross-check the
 sampler also keeps the last CPU reading of every process it saw; the larger of the two is reported, so
 an orphan that was never reaped still counts. Memory is reported twice: ``max_rss_bytes``, the
-kernel's exact peak from the same ``wait4`` (``ru_maxrss``: the largest peak of any one process of
-the tree, the measured command or a descendant it reaped), and ``peak_rss_bytes``, the largest *sum*
-of RSS over the tree seen by a sampler that walks it every ``interval`` seconds (a sample: it can miss
-a short peak).
+kernel's exact peak (``ru_maxrss``: the largest peak of any one process of the tree, the measured
+command or a descendant it reaped), and ``peak_rss_bytes``, the largest *sum* of RSS over the tree
+seen by a sampler that walks it every ``interval`` seconds (a sample: it can miss a short peak).
+
+The command is started by a small launcher (``LAUNCHER``, ``python -I -S``, about 9 MB) that forks
+it, waits for it and reports its ``wait4`` rusage: Linux counts in a child's ``ru_maxrss`` the RSS
+its process had when it forked (the copied address space, until exec replaces it), so forked straight
+from a harness of 70 MB or more every command would read at least that. The launcher's own RSS at
+the fork (``launcher_rss_bytes``) is the lowest value the exact peak can show.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -59,11 +67,40 @@ class Measurement:
         return data
 
 
-class TreeSampler:
-    """Samples RSS (summed) and CPU (per process) of a process and all its descendants."""
+# Forks ``argv`` in a fresh session-less child, waits for it and writes its wait4 rusage to ``result``.
+LAUNCHER = """
+import json, os, sys, time
+result, argv = sys.argv[1], sys.argv[2:]
+with open("/proc/self/statm") as statm:
+    floor_kib = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+started = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execvp(argv[0], argv)
+    finally:
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+seconds = time.perf_counter() - started
+with open(result, "w") as out:
+    json.dump({"peak_rss_kib": usage.ru_maxrss, "launcher_rss_kib": floor_kib, "seconds": seconds,
+               "user_s": usage.ru_utime, "system_s": usage.ru_stime,
+               "exit": os.waitstatus_to_exitcode(status)}, out)
+"""
 
-    def __init__(self, root_pid: int, interval: float = SAMPLE_INTERVAL_S) -> None:
+
+def launcher_command(report: Path, command: Sequence[str]) -> list[str]:
+    """``command`` started through ``LAUNCHER``, which writes its exact rusage to ``report`` (JSON)."""
+    return [sys.executable, "-I", "-S", "-c", LAUNCHER, str(report), *command]
+
+
+class TreeSampler:
+    """Samples RSS (summed) and CPU (per process) of a process and all its descendants (with
+    ``include_root=False``, of the descendants only: a launcher's)."""
+
+    def __init__(self, root_pid: int, interval: float = SAMPLE_INTERVAL_S, *, include_root: bool = True) -> None:
         self.root_pid = root_pid
+        self.include_root = include_root
         self.interval = interval
         self.peak_rss = 0
         self.peak_processes = 0
@@ -97,7 +134,7 @@ class TreeSampler:
         try:
             root = self._known.get(self.root_pid) or psutil.Process(self.root_pid)
             self._known[self.root_pid] = root
-            found = [root]
+            found = [root] if self.include_root else []
             for child in root.children(recursive=True):
                 found.append(self._known.setdefault(child.pid, child))
             return found
@@ -149,12 +186,15 @@ def run_measured(
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         sink = open(log_path, "wb")  # noqa: SIM115 - closed below, after the child has it
+    report_fd, report_name = tempfile.mkstemp(prefix="measured-", suffix=".json")
+    os.close(report_fd)
+    report = Path(report_name)
     load_before = os.getloadavg()
     started = time.perf_counter()
     try:
         # A session of its own so that a timeout can end exactly this tree and nothing else.
         process = subprocess.Popen(
-            list(command),
+            launcher_command(report, command),
             env=dict(env) if env is not None else None,
             cwd=cwd,
             stdin=subprocess.DEVNULL,
@@ -165,32 +205,40 @@ def run_measured(
     finally:
         if log_path is not None:
             sink.close()
-    sampler = TreeSampler(process.pid, interval).start()
+    sampler = TreeSampler(process.pid, interval, include_root=False).start()
     timer = threading.Timer(timeout_s, _kill_group, args=(process.pid,))
     timer.daemon = True
     timer.start()
     try:
-        _, status, rusage = os.wait4(process.pid, 0)
+        _, status, launcher_usage = os.wait4(process.pid, 0)
     finally:
         timer.cancel()
         sampler.stop()
     wall = time.perf_counter() - started
     # Popen did not reap the child itself; tell it, so it never tries to wait for a reused pid.
     process.returncode = os.waitstatus_to_exitcode(status)
+    try:
+        exact = json.loads(report.read_text() or "{}")
+    finally:
+        report.unlink(missing_ok=True)
+    if "exit" not in exact:
+        # The launcher was killed (timeout) before it could report: no exact figures for this run.
+        exact = {"exit": process.returncode, "user_s": launcher_usage.ru_utime, "system_s": launcher_usage.ru_stime,
+                 "peak_rss_kib": 0, "launcher_rss_kib": 0}  # fmt: skip
     return Measurement(
         label=label,
         wall_s=wall,
-        cpu_user_s=rusage.ru_utime,
-        cpu_system_s=rusage.ru_stime,
+        cpu_user_s=exact["user_s"],
+        cpu_system_s=exact["system_s"],
         cpu_sampled_s=sampler.cpu_s,
         peak_rss_bytes=sampler.peak_rss,
-        max_rss_bytes=rusage.ru_maxrss * 1024,  # KiB on Linux
+        max_rss_bytes=exact["peak_rss_kib"] * 1024,
         peak_processes=sampler.peak_processes,
-        returncode=process.returncode,
+        returncode=exact["exit"],
         load_before=load_before,
         load_after=os.getloadavg(),
         samples=sampler.samples,
-        extra={"cpu_by_process": sampler.breakdown()},
+        extra={"cpu_by_process": sampler.breakdown(), "launcher_rss_bytes": exact["launcher_rss_kib"] * 1024},
     )
 
 

@@ -9,7 +9,6 @@ process dies resumes with its missing pages only. Without a ledger nothing is re
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from datetime import datetime
 
@@ -83,27 +82,23 @@ class DocumentRecords:
     async def remember_done(self, source: SourceDocument, entry: DocumentEntry) -> None:
         if self._ledger is not None:
             await asyncio.to_thread(
-                functools.partial(
-                    self._ledger.mark_done,
-                    source.info,
-                    entry.sha256 or "",
-                    entry.outputs,
-                    self._run_id,
-                    duplicate_of=entry.duplicate_of,
-                )
+                self._ledger.mark_done,
+                source.info,
+                entry.sha256 or "",
+                entry.outputs,
+                self._run_id,
+                duplicate_of=entry.duplicate_of,
             )
 
     async def remember_failure(self, source: SourceDocument, entry: DocumentEntry) -> None:
         if self._ledger is not None:
             entry.failed_attempts = await asyncio.to_thread(
-                functools.partial(
-                    self._ledger.mark_failed,
-                    source.info,
-                    entry.error_class or "",
-                    entry.error or "",
-                    self._run_id,
-                    run_time=self._run_time,
-                )
+                self._ledger.mark_failed,
+                source.info,
+                entry.error_class or "",
+                entry.error or "",
+                self._run_id,
+                run_time=self._run_time,
             )
 
     async def saved_pages(self, source: SourceDocument, sha256: str, page_count: int) -> dict[int, PageResult]:
