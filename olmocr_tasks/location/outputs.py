@@ -30,7 +30,7 @@ from typing import Any
 from olmocr_tasks.core.errors import DocumentError
 from olmocr_tasks.core.formats import strip_document_extension
 from olmocr_tasks.location.layout import OutputLocation
-from olmocr_tasks.page.results import DocumentResult
+from olmocr_tasks.page.results import DocumentResult, DocumentTotals
 from olmocr_tasks.storage.store import Storage
 from olmocr_tasks.storage.uri import is_s3, local_path, safe_relative_key, split_s3
 
@@ -163,6 +163,32 @@ def outputs_hold(storage: Storage, outputs: Mapping[str, str], sha256: str) -> b
     if metadata.get("source-sha256") != sha256:
         return False
     return all(storage.exists(uri) for name, uri in outputs.items() if name != "dolma")
+
+
+def recorded_totals(storage: Storage, dolma_uri: str) -> DocumentTotals | None:
+    """What the Dolma record at ``dolma_uri`` says its document added up to; None if it says nothing readable.
+
+    The counts its metadata carries (pages, fallbacks, tokens, attempts); per-page latencies and the
+    accepted-attempt histogram are not in it and come back empty.
+    """
+    raw = storage.read_bytes_or_none(dolma_uri)
+    if raw is None:
+        return None
+    try:
+        metadata = _record_metadata(raw)
+        return DocumentTotals(
+            pages=int(metadata["pdf-total-pages"]),
+            fallback_pages=int(metadata["total-fallback-pages"]),
+            input_tokens=int(metadata["total-input-tokens"]),
+            output_tokens=int(metadata["total-output-tokens"]),
+            attempts=int(metadata.get("total-attempts", 0)),
+            server_input_tokens=int(metadata.get("server-input-tokens", 0)),
+            server_output_tokens=int(metadata.get("server-output-tokens", 0)),
+            page_latencies_s=(),
+            accepted_attempt_histogram={},
+        )
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
 
 
 def dolma_record(

@@ -33,7 +33,7 @@ from olmocr_tasks.core.redaction import redact
 from olmocr_tasks.location.documents import SourceDocument
 from olmocr_tasks.location.ledger import Ledger
 from olmocr_tasks.location.manifest import DocumentEntry
-from olmocr_tasks.location.outputs import write_document_outputs
+from olmocr_tasks.location.outputs import recorded_totals, write_document_outputs
 from olmocr_tasks.page.ladder import PageConverter
 from olmocr_tasks.page.protocol import PROMPT_VERSION
 from olmocr_tasks.page.render_pool import RenderPool
@@ -157,7 +157,7 @@ class DocumentJob:
                 prompt_version=PROMPT_VERSION,
                 package_version=__version__,
             )
-            claim.set_result((entry.outputs, source.uri))
+            claim.set_result(Converted(entry.outputs, source.uri, tools.scope.run_id))
         finally:
             tools.records.content_settled(entry.sha256, claim)
         entry.status = "converted"
@@ -165,19 +165,34 @@ class DocumentJob:
         await tools.records.discard_saved_pages(entry.sha256)
 
     async def _skip_converted(self, duplicate: Converted) -> None:
-        """Record the document as converted already: by an earlier run, or as a copy of other bytes."""
+        """Record the document as converted already: by an earlier run, or as a copy of other bytes.
+
+        Converted by an earlier attempt of this very run (one that died after recording the conversion
+        and before saving its entry), it is this run's conversion: ``converted``, with the totals its
+        Dolma record holds, and no page is sent again.
+        """
         entry, source = self._entry, self._source
-        entry.outputs, converted_from = duplicate
-        entry.status = "skipped"
-        if converted_from == source.uri:
+        entry.outputs = duplicate.outputs
+        if duplicate.source != source.uri:
+            entry.status, entry.skip_reason, entry.duplicate_of = "skipped", "duplicate_content", duplicate.source
+        elif (totals := await self._converted_by_this_run(duplicate)) is not None:
+            log.info("%s: converted by an earlier attempt of this run; its outputs stand", source.uri)
+            entry.status = "converted"
+            entry.record_totals(totals)
+        else:
             # Its own earlier conversion, whose run died after the content record and before
             # the done marker: not a duplicate of anything, just already converted.
-            entry.skip_reason = "already_converted"
-        else:
-            entry.skip_reason, entry.duplicate_of = "duplicate_content", converted_from
+            entry.status, entry.skip_reason = "skipped", "already_converted"
         await self._guard.fence()
         await self._tools.records.remember_done(source, entry)
         await self._tools.records.discard_saved_pages(entry.sha256)
+
+    async def _converted_by_this_run(self, duplicate: Converted) -> DocumentTotals | None:
+        """The totals of ``duplicate`` when an earlier attempt of this run made it and its Dolma record says them."""
+        dolma = duplicate.outputs.get("dolma")
+        if duplicate.run_id != self._tools.scope.run_id or dolma is None:
+            return None
+        return await asyncio.to_thread(recorded_totals, self._tools.scope.storage, dolma)
 
     async def _convert_pages(self, path: str, document_format: str) -> DocumentResult:
         tools, source, entry, admitted = self._tools, self._source, self._entry, self._admitted

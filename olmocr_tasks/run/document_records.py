@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 
 from olmocr_tasks.core.errors import StorageError
@@ -21,8 +22,14 @@ from olmocr_tasks.page.results import PageResult
 
 log = logging.getLogger(__name__)
 
-# A conversion of some content: its outputs and the source it was converted from.
-Converted = tuple[dict[str, str], str]
+
+@dataclass(frozen=True)
+class Converted:
+    """A conversion of some content: its outputs, the source it was converted from and the run that did."""
+
+    outputs: dict[str, str]
+    source: str
+    run_id: str
 
 
 class DocumentRecords:
@@ -68,7 +75,7 @@ class DocumentRecords:
             raise
         if record is None:
             return None, claim
-        found = (dict(record.outputs), record.source)
+        found = Converted(dict(record.outputs), record.source, record.run_id)
         claim.set_result(found)
         self._content_in_progress.pop(sha256, None)
         return found, None

@@ -40,6 +40,21 @@ def statuses(manifest: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def not_converted(manifest: dict[str, Any]) -> dict[str, str]:
+    """Each document not converted, by file name, with its status and error text: an assertion message.
+
+    pytest shortens a long message, so ``statuses`` of a whole run hides the one document that matters;
+    this keeps only the others, with the error text that names the step or the run holding its claim.
+    """
+    return {
+        doc["source"].rsplit("/", 1)[-1]: " ".join(
+            filter(None, [doc["status"], doc.get("skip_reason"), doc.get("error_class"), doc.get("error")])
+        )
+        for doc in manifest["documents"]
+        if doc["status"] != "converted"
+    }
+
+
 def converted(manifest: dict[str, Any]) -> list[str]:
     """The converted sources, sorted, with repeats (compare to ``sorted(wanted)``)."""
     return sorted(doc["source"] for doc in manifest["documents"] if doc["status"] == "converted")

@@ -17,7 +17,13 @@ import pytest
 
 from olmocr_testkit.bucket import Bucket
 from olmocr_testkit.cluster import POOL, Deployment, signal_each, wait_until
-from tests.deployment.published import assert_outputs_name_their_pages, converted, documents, sources, statuses
+from tests.deployment.published import (
+    assert_outputs_name_their_pages,
+    converted,
+    documents,
+    not_converted,
+    sources,
+)
 
 pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1500)]
 
@@ -58,7 +64,7 @@ def test_convert_instances_run_on_both_workers_and_never_beyond_the_pool(
     assert most > 1, "no two instances ever ran at once: the run proves nothing about the pool"
     manifest = bucket.manifest(output, DAG, run_id)
     assert manifest is not None
-    assert sources(manifest) == converted(manifest) == sorted(doc_ids), statuses(manifest)
+    assert sources(manifest) == converted(manifest) == sorted(doc_ids), not_converted(manifest)
     assert_outputs_name_their_pages(bucket, manifest, doc_ids)
 
 
@@ -142,7 +148,7 @@ def _assert_every_page_counted_once(bucket: Bucket, output: str, run_id: str, do
     manifest = bucket.manifest(output, DAG, run_id)
     assert manifest is not None, "the run published no manifest"
     assert sources(manifest) == sorted(doc_ids), "each document listed exactly once"
-    assert converted(manifest) == sorted(doc_ids), statuses(manifest)
+    assert converted(manifest) == sorted(doc_ids), not_converted(manifest)
     docs = documents(manifest)
     assert all(doc["pages"] == 2 and doc["output_tokens"] > 0 and doc["outputs"] for doc in docs.values())
     assert manifest["counts"]["pages"] == 2 * len(doc_ids)

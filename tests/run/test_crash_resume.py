@@ -24,6 +24,7 @@ from olmocr_tasks.storage.store import TEMP_SUFFIX
 from olmocr_testkit import pdfgen
 from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import cli_env, descendants, kill_and_reap, run_cli, start_cli
+from tests.fixtures.client import requests_for
 from tests.fixtures.manifests import load_whole
 from tests.fixtures.reader_view import assert_manifest_matches_outputs, assert_reader_view_consistent
 
@@ -113,7 +114,8 @@ def test_sigkill_mid_document_then_rerun(tmp_path: Path, standin: StandinServer)
 # Runs the CLI with one atomic write paused half-way: the first write of a file whose name ends with
 # OLMOCR_TEST_PAUSE_SUFFIX. The window between creating a temp file and renaming it lasts microseconds,
 # so without the pause a kill would land in it only by luck. The pause truncates the temp file to half
-# its bytes first, leaving exactly the state a crash mid-write leaves behind.
+# its bytes first, leaving exactly the state a crash mid-write leaves behind. With
+# OLMOCR_TEST_PAUSE_FOLDER only a file directly in a folder of that name pauses.
 _PAUSE_MID_WRITE = """
 import os, sys, time
 import olmocr_tasks.storage.backends.local as storage
@@ -121,12 +123,13 @@ from olmocr_tasks.cli import main
 
 flag = os.environ["OLMOCR_TEST_PAUSED_FLAG"]
 suffix = os.environ["OLMOCR_TEST_PAUSE_SUFFIX"]
+folder = os.environ.get("OLMOCR_TEST_PAUSE_FOLDER")
 original = storage._atomic_local
 
 def paused(path, fill, *, make_dirs=True):
     def half_then_pause(temp):
         fill(temp)
-        if not path.endswith(suffix):
+        if not path.endswith(suffix) or (folder and os.path.basename(os.path.dirname(path)) != folder):
             return
         try:  # exactly one write pauses, however many threads get here at once
             fd = os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -143,6 +146,31 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def kill_paused_run(
+    tmp_path: Path, standin: StandinServer, run_id: str, suffix: str, folder: str | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Convert ``tmp_path/in`` into ``tmp_path/out`` with one write paused (``_PAUSE_MID_WRITE``), then SIGKILL it.
+
+    Returns the killed process and the file whose write was paused; no process of the run survives.
+    """
+    flag = tmp_path / "paused"
+    command = [
+        sys.executable, "-c", _PAUSE_MID_WRITE, "convert", str(tmp_path / "in"), str(tmp_path / "out"),
+        "--server", standin.url, "--run-id", run_id, *FAST,
+    ]  # fmt: skip
+    pause = {"OLMOCR_TEST_PAUSED_FLAG": str(flag), "OLMOCR_TEST_PAUSE_SUFFIX": suffix, "TMPDIR": str(tmp_path)}
+    if folder is not None:
+        pause["OLMOCR_TEST_PAUSE_FOLDER"] = folder
+    with open(tmp_path / f"{run_id}.log", "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=cli_env(pause))
+    try:
+        wait_until(lambda: flag.exists() and flag.read_text(), 60, "the paused write")
+    finally:
+        survivors = kill_and_reap(process, descendants(process.pid))
+    assert survivors == [], f"processes of the killed run survived it: {survivors}"
+    return process, Path(flag.read_text())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "suffix",
@@ -156,23 +184,8 @@ def test_sigkill_mid_write_leaves_nothing_partial_for_readers(
 ) -> None:
     doc_ids = write_documents(tmp_path / "in", {51: 2, 52: 2, 53: 2})
     out = tmp_path / "out"
-    flag = tmp_path / "paused"
-    command = [
-        sys.executable, "-c", _PAUSE_MID_WRITE, "convert", str(tmp_path / "in"), str(out),
-        "--server", standin.url, "--run-id", "paused", *FAST,
-    ]  # fmt: skip
-    with open(tmp_path / "paused.log", "wb") as log:
-        env = cli_env(
-            {"OLMOCR_TEST_PAUSED_FLAG": str(flag), "OLMOCR_TEST_PAUSE_SUFFIX": suffix, "TMPDIR": str(tmp_path)}
-        )
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        wait_until(lambda: flag.exists() and flag.read_text(), 60, "the paused write")
-    finally:
-        survivors = kill_and_reap(process, descendants(process.pid))
+    process, target = kill_paused_run(tmp_path, standin, "paused", suffix)
     assert process.returncode == -signal.SIGKILL, "the run must still have been paused in its write when killed"
-    assert survivors == []
-    target = Path(flag.read_text())
     leftovers = [path for path in target.parent.iterdir() if path.name.endswith(TEMP_SUFFIX)]
     assert leftovers and leftovers[0].stat().st_size > 0, "the kill should have left a half-written temp file"
     assert not target.exists(), "the half-written file must not be visible under its name"
@@ -189,6 +202,52 @@ def test_sigkill_mid_write_leaves_nothing_partial_for_readers(
     else:
         # Killed before its done marker but after its content record: recognised as already converted.
         assert (entry["status"], entry["skip_reason"]) == ("skipped", "already_converted")
+
+
+@pytest.mark.slow
+def test_a_run_killed_before_saving_an_entry_reports_that_document_converted_when_it_resumes(
+    tmp_path: Path, standin: StandinServer
+) -> None:
+    """Killed after a document's outputs and ledger records, while its attempt saved its entry.
+
+    The same run resumed (its next attempt, as a retried Airflow task is) finds the conversion this run
+    recorded: the document is this run's ``converted`` one, with the totals its Dolma record holds, not
+    ``already_converted``, and none of its pages is sent again.
+    """
+    doc_ids = write_documents(tmp_path / "in", {54: 2, 55: 2, 56: 2})
+    out = tmp_path / "out"
+    process, entry = kill_paused_run(tmp_path, standin, "resumed", ".json", folder="entries")
+    assert process.returncode == -signal.SIGKILL
+    assert not entry.exists(), "the paused entry must not have been saved"
+    converted_before = {
+        record["metadata"]["Source-File"]: record["metadata"]
+        for record in assert_reader_view_consistent(str(out), doc_ids=doc_ids).dolma.values()
+    }
+    assert converted_before, "the killed attempt had converted the paused entry's document"
+    pages_sent = {
+        doc_id: len(requests_for(standin, doc_id, 1) + requests_for(standin, doc_id, 2)) for doc_id in doc_ids.values()
+    }
+
+    wait_for_claims_to_expire(out)
+    result = run_cli("convert", str(tmp_path / "in"), str(out), "--server", standin.url, "--run-id", "resumed", *FAST)
+    assert result.returncode == 0, result.stdout + result.stderr
+    manifest = load_whole(str(out / "manifests" / "resumed.json"))
+    assert {doc["status"] for doc in manifest["documents"]} == {"converted"}, manifest["documents"]
+    assert len(manifest["documents"]) == len(doc_ids) and manifest["counts"]["already_converted"] == 0
+    for doc in manifest["documents"]:
+        metadata = converted_before.get(doc["source"])
+        if metadata is None:
+            continue  # converted by the resumed attempt
+        assert (doc["pages"], doc["input_tokens"], doc["output_tokens"]) == (
+            metadata["pdf-total-pages"],
+            metadata["total-input-tokens"],
+            metadata["total-output-tokens"],
+        )
+        doc_id = doc_ids[Path(doc["source"]).name]
+        sent = len(requests_for(standin, doc_id, 1) + requests_for(standin, doc_id, 2))
+        assert sent == pages_sent[doc_id], f"pages of {doc['source']} were sent again"
+    assert manifest["counts"]["pages"] == 2 * len(doc_ids)
+    assert_manifest_matches_outputs(manifest)
 
 
 @pytest.mark.slow
