@@ -13,6 +13,7 @@ import pytest
 from olmocr_testkit import imagegen, pdfgen
 from olmocr_testkit.standin.server import StandinServer
 from tests.fixtures.cli_process import FAST_CLI, cli_command, cli_env, run_cli
+from tests.fixtures.client import requests_for
 from tests.fixtures.manifests import load_whole
 
 
@@ -228,8 +229,11 @@ def test_hedge_flags_reach_the_run_and_a_hung_page_is_answered_by_its_hedge(
     manifest = load_whole(str(tmp_path / "out" / "manifests" / "hedged.json"))
     server = manifest["settings"]["server"]
     assert (server["hedge_requests"], server["hedge_min_delay_s"], server["hedge_multiple"]) == (True, 0.2, 2.5)
-    assert manifest["counts"]["hedged"] == 1 and manifest["documents"][0]["hedged"] == 1
+    # The hung page was answered on its first attempt (a retry after the read timeout would be a 26th),
+    # by its hedge: a second request for it. On a loaded machine a slow page may be hedged as well.
     assert manifest["documents"][0]["attempts"] == 25 and manifest["counts"]["fallback_pages"] == 0
+    assert len(requests_for(standin, 1, 25)) == 2
+    assert manifest["counts"]["hedged"] == manifest["documents"][0]["hedged"] >= 1
 
     switched_off = run_cli(
         "convert", str(tmp_path / "in"), str(tmp_path / "out2"), "--server", standin.url, "--run-id", "off",

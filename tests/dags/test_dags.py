@@ -64,7 +64,9 @@ print(json.dumps({
 def _dagbag_report(env: dict[str, str], cwd: Path) -> dict[str, Any]:
     result = subprocess.run(
         [sys.executable, "-c", _DAGBAG_REPORT],
-        env=env,
+        # Airflow's 30 s import timeout is a hang guard; on a loaded 2-core machine importing the DAG
+        # files (Airflow, the providers) has taken longer, and the test is about what they define.
+        env={"AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "240"} | env,
         cwd=cwd,
         capture_output=True,
         text=True,
