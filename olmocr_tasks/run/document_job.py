@@ -95,6 +95,9 @@ class DocumentJob:
             source=source.uri, status="failed", size=source.info.size, task=tools.scope.task_context
         )
         self._local_path: str | None = None
+        # Whether saved pages of this document may exist (an earlier attempt's, found on starting, or
+        # this one's): only then is there anything to discard once its outputs are committed.
+        self._pages_saved = False
 
     async def run(self) -> DocumentEntry:
         entry, source = self._entry, self._source
@@ -162,7 +165,8 @@ class DocumentJob:
             tools.records.content_settled(entry.sha256, claim)
         entry.status = "converted"
         await tools.records.remember_done(source, entry)
-        await tools.records.discard_saved_pages(entry.sha256)
+        if self._pages_saved:
+            await tools.records.discard_saved_pages(entry.sha256)
 
     async def _skip_converted(self, duplicate: Converted) -> None:
         """Record the document as converted already: by an earlier run, or as a copy of other bytes.
@@ -206,6 +210,7 @@ class DocumentJob:
         if tools.progress:
             tools.progress.document_started(source.uri, info.page_count)
         saved = await tools.records.saved_pages(source, entry.sha256 or "", info.page_count)
+        self._pages_saved = bool(saved)
 
         fallbacks = 0
         rate = tools.settings.max_page_error_rate
@@ -218,6 +223,7 @@ class DocumentJob:
             if result is None:
                 result = await tools.pages.convert(path, index)
                 if not result.is_fallback and info.page_count > 1:
+                    self._pages_saved = True
                     await tools.records.save_page(entry.sha256 or "", result)
             await admitted.page_done()
             if tools.progress:

@@ -2,7 +2,7 @@
 
 Covers: a real CLI run (stand-in server) whose summary carries ``metrics.storage_requests`` with
 per-kind counts and per-document figures that agree with them (and still validates against the
-schema), exactly what one-page documents and their batch cost (17 requests a document, 18 on S3);
+schema), exactly what one-page documents and their batch cost (16 requests a document, 17 on S3);
 on moto S3, the counts a batch reports equal the requests the fault proxy in front of moto
 forwarded (an independent count at the HTTP level, no patching), and so do the whole Storage's
 totals over plan, convert and publish; a child counter adds to its parent.
@@ -31,11 +31,12 @@ from tests.fixtures.s3 import FaultProxy
 EXACT = RetryPolicy(max_attempts=4, max_elapsed_s=30, initial_backoff_s=0.01, max_backoff_s=0.05, botocore_attempts=1)
 
 # What one uncontended one-page document costs a local output (README "Big runs" quotes the total,
-# 17): its source, outputs and state records, its claim (create, fence and release reads, delete)
-# and the check that no later attempt of its batch has started. Asserted exactly, so that a change
-# in the engine's requests shows here and the README's figure is updated with it.
-ONE_PAGE_DOCUMENT = {"read": 6, "write": 5, "create": 2, "delete": 1, "list": 1, "stat": 2}
-# On S3 the source is downloaded first (one read more: 18); a local source is read in place.
+# 16): its source, outputs and state records, its claim (create, fence and release reads, delete)
+# and the check that no later attempt of its batch has started. No listing: a one-page document
+# saves no page for resuming, so there are no saved pages to look for or discard. Asserted exactly,
+# so that a change in the engine's requests shows here and the README's figure is updated with it.
+ONE_PAGE_DOCUMENT = {"read": 6, "write": 5, "create": 2, "delete": 1, "list": 0, "stat": 2}
+# On S3 the source is downloaded first (one read more: 17); a local source is read in place.
 ONE_PAGE_DOCUMENT_ON_S3 = ONE_PAGE_DOCUMENT | {"read": 7}
 # What the batch itself adds: its start mark and its part, and the listing of its attempt's objects
 # (one page on S3; a local listing counts one request per folder it walks, here two).
@@ -102,7 +103,7 @@ def test_a_cli_run_reports_its_storage_requests_per_converted_document(tmp_path:
     by_kind = requests["by_kind"]
     assert list(by_kind) == list(REQUEST_KINDS)
     assert by_kind == _expected(4, ONE_PAGE_DOCUMENT, BATCH)
-    assert sum(ONE_PAGE_DOCUMENT.values()) == 17
+    assert sum(ONE_PAGE_DOCUMENT.values()) == 16
     assert requests["total"] == sum(by_kind.values()) and requests["complete"] is True and requests["batches"] == 1
     per_document = requests["per_converted_document"]
     for kind, count in by_kind.items():
@@ -147,6 +148,6 @@ def test_on_s3_the_counts_match_the_requests_the_server_received(
     metrics = published.manifest.to_dict()["metrics"]["storage_requests"]
     assert metrics["by_kind"] == part and metrics["converted_documents"] == 4
     assert part == _expected(4, ONE_PAGE_DOCUMENT_ON_S3, BATCH_ON_S3)
-    assert sum(ONE_PAGE_DOCUMENT_ON_S3.values()) == 18
+    assert sum(ONE_PAGE_DOCUMENT_ON_S3.values()) == 17
     assert metrics["per_converted_document"]["total"] == round(sum(part.values()) / 4, 3)
     print("s3 one-page run, requests per converted document:", json.dumps(metrics["per_converted_document"]))
