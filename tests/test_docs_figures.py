@@ -86,11 +86,12 @@ def test_committed_records_name_no_folder_of_the_machine_that_measured() -> None
     # A bench writes its records from some checkout (a worktree beside this one, a fresh clone in the
     # temp folder): none of those folders, nor the home folder, may reach a committed file.
     machine_folders = {str(REPO.parent), str(Path.home()), tempfile.gettempdir()}
+    records = {path.name: path.read_text(encoding="utf-8") for path in sorted(REPO.glob("bench/records/*.json"))}
     leaks = [
-        f"{record.name}: {folder}"
-        for record in sorted((REPO / "bench" / "records").glob("*.json"))
+        f"{name}: {folder}"
+        for name, text in records.items()
         for folder in machine_folders
-        if f"{folder.rstrip('/')}/" in record.read_text(encoding="utf-8")
+        if f"{folder.rstrip('/')}/" in text
     ]
     assert leaks == []
 

@@ -32,12 +32,15 @@ def documents(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {doc["source"]: doc for doc in manifest["documents"]}
 
 
+def _status_line(doc: dict[str, Any], *, error: bool = False) -> str:
+    """A document's status and why it was skipped or failed (with ``error``, its error text too)."""
+    parts = [doc["status"], doc.get("skip_reason"), doc.get("error_class"), doc.get("error") if error else None]
+    return " ".join(filter(None, parts))
+
+
 def statuses(manifest: dict[str, Any]) -> dict[str, str]:
     """Each document's status (and why it was skipped or failed), for assertion messages."""
-    return {
-        doc["source"]: " ".join(filter(None, [doc["status"], doc.get("skip_reason"), doc.get("error_class")]))
-        for doc in manifest["documents"]
-    }
+    return {doc["source"]: _status_line(doc) for doc in manifest["documents"]}
 
 
 def not_converted(manifest: dict[str, Any]) -> dict[str, str]:
@@ -47,9 +50,7 @@ def not_converted(manifest: dict[str, Any]) -> dict[str, str]:
     this keeps only the others, with the error text that names the step or the run holding its claim.
     """
     return {
-        doc["source"].rsplit("/", 1)[-1]: " ".join(
-            filter(None, [doc["status"], doc.get("skip_reason"), doc.get("error_class"), doc.get("error")])
-        )
+        doc["source"].rsplit("/", 1)[-1]: _status_line(doc, error=True)
         for doc in manifest["documents"]
         if doc["status"] != "converted"
     }
